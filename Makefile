@@ -1,0 +1,35 @@
+# The two commands of the README: `make serve` and `make test`. Everything lives in .venv.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
+
+.PHONY: serve test lint bench install install-dev clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+
+install-dev: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+
+serve: install
+	$(BIN)/memproxy serve --config config.yaml --host $(HOST) --port $(PORT)
+
+test: install-dev
+	$(BIN)/python -m pytest -q
+
+lint: install-dev
+	$(BIN)/ruff check proxy storage policies tests bench
+	$(BIN)/ruff format --check proxy storage policies tests bench
+	$(BIN)/mypy
+
+bench: install-dev
+	$(BIN)/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,65 @@
+"""Token counting with tiktoken, picking the encoding for the model's family."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import tiktoken
+
+# Per-message framing overhead of the chat format (OpenAI's cookbook figures).
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_REPLY = 3
+
+
+@lru_cache(maxsize=64)
+def encoding_name(model: str) -> str:
+    """o200k_base for the 4o/4.1/o-series/5 family, cl100k_base for everything else."""
+    name = model.rsplit("/", 1)[-1].lower()
+    if name.startswith(("gpt-4o", "gpt-4.1", "gpt-4.5", "gpt-5", "o1", "o3", "o4", "chatgpt-4o")):
+        return "o200k_base"
+    return "cl100k_base"
+
+
+@lru_cache(maxsize=4)
+def _encoding(name: str) -> tiktoken.Encoding:
+    return tiktoken.get_encoding(name)
+
+
+def warm_up_tokenizers() -> None:
+    for name in ("cl100k_base", "o200k_base"):
+        _encoding(name)
+
+
+def count_text(text: str, model: str = "") -> int:
+    return len(_encoding(encoding_name(model)).encode(text, disallowed_special=()))
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text a message contributes to the prompt: content (string or text parts),
+    name, and tool call names and arguments."""
+    parts: list[str] = []
+    content = message.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+    if isinstance(message.get("name"), str):
+        parts.append(message["name"])
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            parts.append(str(function.get("name", "")))
+            parts.append(str(function.get("arguments", "")))
+    return "\n".join(parts)
+
+
+def count_message(message: dict[str, Any], model: str = "") -> int:
+    return TOKENS_PER_MESSAGE + count_text(message_text(message), model)
+
+
+def count_messages(messages: list[dict[str, Any]], model: str = "") -> int:
+    """Prompt tokens of a chat request, as the provider would count them (approximately)."""
+    return sum(count_message(m, model) for m in messages) + TOKENS_PER_REPLY

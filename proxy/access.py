@@ -1,0 +1,79 @@
+"""Request ids and the one structured access line per request.
+
+Runs as a Litestar `before_send` hook, so it sees every response: routed, unrouted (404/405)
+and failed ones alike. Handlers record what they learn (tenant, model, upstream latency) in the
+request's `RequestInfo`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from litestar.enums import ScopeType
+from litestar.types import Message, Scope
+
+log = structlog.get_logger("memproxy.access")
+_STATE_KEY = "memproxy"
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    request_id: str = field(default_factory=lambda: "req_" + secrets.token_hex(12))
+    started: float = field(default_factory=time.perf_counter)
+    tenant: str | None = None
+    model: str | None = None
+    stream: bool = False
+    upstream_ms: float | None = None
+    first_byte_ms: float | None = None
+    status: int = 0
+    outcome: str = "ok"
+    logged: bool = False
+
+
+def request_info(scope: Scope | dict[str, Any]) -> RequestInfo:
+    """This request's info, created on first use."""
+    state = scope.setdefault("state", {})
+    info: RequestInfo | None = state.get(_STATE_KEY)
+    if info is None:
+        info = state[_STATE_KEY] = RequestInfo()
+    return info
+
+
+async def access_hook(message: Message, scope: Scope) -> None:
+    if scope["type"] != ScopeType.HTTP:
+        return
+    info = request_info(scope)
+    if message["type"] == "http.response.start":
+        info.status = message["status"]
+        info.first_byte_ms = (time.perf_counter() - info.started) * 1000
+        headers = list(message.get("headers") or [])
+        headers.append((b"x-request-id", info.request_id.encode()))
+        message["headers"] = headers
+    elif message["type"] == "http.response.body" and not message.get("more_body", False):
+        log_access(scope, info)
+
+
+def log_access(scope: Scope | dict[str, Any], info: RequestInfo) -> None:
+    """Write the request's access line, once (a stream cut short by its client never sends
+    its last body message, so the relay calls this itself)."""
+    if info.logged:
+        return
+    info.logged = True
+    log.info(
+        "request",
+        request_id=info.request_id,
+        method=scope.get("method"),
+        path=scope.get("path"),
+        status=info.status,
+        tenant=info.tenant,
+        model=info.model,
+        stream=info.stream,
+        latency_ms=round((time.perf_counter() - info.started) * 1000, 2),
+        first_byte_ms=round(info.first_byte_ms or 0.0, 2),
+        upstream_ms=None if info.upstream_ms is None else round(info.upstream_ms, 2),
+        outcome=info.outcome,
+    )

@@ -1,0 +1,66 @@
+"""The application factory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.config.cors import CORSConfig
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from policies.tokens import warm_up_tokenizers
+from proxy.access import access_hook
+from proxy.auth import KeyRing
+from proxy.config import Config
+from proxy.deps import provide_principal, provide_services
+from proxy.errors import EXCEPTION_HANDLERS
+from proxy.offline import prepare_offline_environment
+from proxy.routes import openai, ops
+from proxy.state import AppState, build_upstream, new_http_client
+
+EXPOSED_HEADERS = ["x-request-id", "x-upstream-request-id"]
+
+
+def create_app(config: Config) -> Litestar:
+    """A ready-to-serve app for `config`; its resources live from startup to shutdown."""
+    prepare_offline_environment()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        # Load the tokenizers now, not on the first request (a few hundred ms each).
+        await asyncio.to_thread(warm_up_tokenizers)
+        async with new_http_client() as http:
+            state = AppState(config=config, keys=KeyRing(config), http=http)
+            state.upstreams = {
+                name: build_upstream(name, upstream, http)
+                for name, upstream in config.upstreams.items()
+            }
+            app.state.memproxy = state
+            yield
+
+    cors = config.server.cors_origins
+    return Litestar(
+        route_handlers=[
+            openai.chat_completions,
+            openai.list_models,
+            openai.passthrough,
+            ops.healthz,
+            ops.readyz,
+        ],
+        dependencies={
+            "services": Provide(provide_services, sync_to_thread=False),
+            "principal": Provide(provide_principal, sync_to_thread=False),
+        },
+        exception_handlers=EXCEPTION_HANDLERS,
+        before_send=[access_hook],
+        lifespan=[lifespan],
+        request_max_body_size=config.server.max_body_bytes,
+        cors_config=CORSConfig(allow_origins=cors, expose_headers=EXPOSED_HEADERS)
+        if cors
+        else None,
+        openapi_config=OpenAPIConfig(title="memproxy", version="0.1.0", path="/schema"),
+        logging_config=None,
+    )

@@ -1,0 +1,58 @@
+"""The `memproxy` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from proxy.config import Config, ConfigError, load_config
+
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _load(path: str | None) -> Config:
+    path = path or os.environ.get("MEMPROXY_CONFIG") or DEFAULT_CONFIG
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"memproxy: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="memproxy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy")
+    serve.add_argument("--config", help="config file (default: $MEMPROXY_CONFIG or config.yaml)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("--config")
+    args = parser.parse_args(argv)
+
+    config = _load(args.config)
+    if args.command == "check-config":
+        print(f"ok: {len(config.tenants)} tenants, upstreams: {', '.join(config.upstreams)}")
+        return
+
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.logs import configure_logging
+
+    configure_logging(args.log_level, args.log_format)
+    uvicorn.run(
+        create_app(config),
+        host=args.host,
+        port=args.port,
+        access_log=False,  # memproxy writes its own structured access line
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""config.yaml: loading, `${VAR}` expansion, defaults merged into tenants, validation.
+
+The whole file becomes one immutable `Config` at start-up. Anything wrong with it raises
+`ConfigError` with a single line that names the offending key, e.g.
+``tenants.acme.context.token_budget: Input should be a valid integer``.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+Scope = Literal["chat", "manage"]
+ALL_SCOPES: frozenset[Scope] = frozenset({"chat", "manage"})
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _yaml_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare `off` as false; take it to mean the string "off"."""
+    return "off" if value is False else value
+
+
+Off = BeforeValidator(_yaml_off)
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key and the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Strict):
+    max_body_bytes: int = Field(8_000_000, gt=0)
+    cors_origins: list[str] = []
+
+
+class DatabaseConfig(_Strict):
+    url: str = "sqlite+aiosqlite:///./memproxy.db"
+
+
+class TimeoutConfig(_Strict):
+    connect: float = Field(5.0, gt=0)
+    read: float = Field(600.0, gt=0)
+
+
+class UpstreamConfig(_Strict):
+    kind: Literal["echo", "openai", "litellm"]
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout: TimeoutConfig = TimeoutConfig()
+    # Served by GET /v1/models when the upstream cannot list its own (litellm, echo).
+    models: list[str] | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, value: str | None) -> str | None:
+        return value.rstrip("/") if value else value
+
+
+class PriceConfig(_Strict):
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cached_input_per_mtok: float | None = Field(None, ge=0)
+
+
+class ContextSettings(_Strict):
+    token_budget: int = Field(2000, ge=0)
+    max_history_messages: int = Field(20, ge=0)
+    min_recent_messages: int = Field(6, ge=0)
+    placement: Literal["before_last_user", "after_system"] = "before_last_user"
+
+
+class IntentSettings(_Strict):
+    mode: Annotated[Literal["off", "keyword", "llm"], Off] = "keyword"
+    model: str = "gpt-4o-mini"
+    timeout_ms: int = Field(800, gt=0)
+
+
+class MemorySettings(_Strict):
+    extract: Annotated[Literal["off", "llm"], Off] = "off"
+    model: str = "gpt-4o-mini"
+    embeddings: Annotated[Literal["off", "upstream", "local"], Off] = "off"
+
+
+class SummarySettings(_Strict):
+    mode: Annotated[Literal["off", "llm"], Off] = "off"
+    model: str = "gpt-4o-mini"
+
+
+class Limits(_Strict):
+    rpm: int | None = Field(None, gt=0)
+    tpm: int | None = Field(None, gt=0)
+    budget_usd_day: float | None = Field(None, ge=0)
+    budget_usd_month: float | None = Field(None, ge=0)
+
+
+class TenantSettings(_Strict):
+    """What every tenant has; `defaults:` supplies each key a tenant does not set."""
+
+    upstream: str = "echo"
+    models: list[str] | None = None
+    context: ContextSettings = ContextSettings()
+    intent: IntentSettings = IntentSettings()
+    memory: MemorySettings = MemorySettings()
+    summaries: SummarySettings = SummarySettings()
+    limits: Limits = Limits()
+    fail_open: bool = True
+
+
+class ApiKeyConfig(_Strict):
+    key: str = Field(min_length=1)
+    scopes: list[Scope] = ["chat", "manage"]
+
+
+class TenantConfig(TenantSettings):
+    api_keys: list[str | ApiKeyConfig] = Field(min_length=1)
+
+
+class Config(_Strict):
+    server: ServerConfig = ServerConfig()
+    database: DatabaseConfig = DatabaseConfig()
+    upstreams: dict[str, UpstreamConfig] = {"echo": UpstreamConfig(kind="echo")}
+    pricing: dict[str, PriceConfig] = {}
+    tenants: dict[str, TenantConfig] = {}
+
+    def upstream_for(self, tenant: TenantConfig) -> UpstreamConfig:
+        return self.upstreams[tenant.upstream]
+
+
+def key_digest(key: str) -> str:
+    """The stored form of an API key: `sha256:<hex>` keys as given, plain keys hashed."""
+    if key.startswith("sha256:"):
+        return key[len("sha256:") :].lower()
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = None) -> Config:
+    """Read, expand, merge and validate a config file."""
+    path = Path(path)
+    env = dict(os.environ) if environ is None else environ
+    raw = _read_yaml(path)
+    tenants = dict(_mapping(raw.get("tenants") or {}, "tenants"))
+    for pattern in raw.get("include") or []:
+        for included in sorted(glob.glob(str(path.parent / pattern))):
+            for name, body in _mapping(_read_yaml(Path(included)), included).items():
+                if name in tenants:
+                    raise ConfigError(f"tenants.{name}: defined twice (again in {included})")
+                tenants[name] = body
+    defaults = _mapping(raw.get("defaults") or {}, "defaults")
+    unknown = set(raw) - {
+        "server",
+        "database",
+        "upstreams",
+        "pricing",
+        "defaults",
+        "tenants",
+        "include",
+    }
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown top-level key")
+
+    merged = {
+        name: _deep_merge(defaults, _mapping(body or {}, f"tenants.{name}"))
+        for name, body in tenants.items()
+    }
+    upstreams = dict(_mapping(raw.get("upstreams") or {}, "upstreams"))
+    upstreams.setdefault("echo", {"kind": "echo"})
+    used = {str(t.get("upstream", "echo")) for t in merged.values()}
+    for name in used:
+        if name not in upstreams:
+            where = next(n for n, t in merged.items() if str(t.get("upstream", "echo")) == name)
+            raise ConfigError(f"tenants.{where}.upstream: no upstream named {name!r}")
+    doc = {
+        "server": _expand(raw.get("server") or {}, "server", env),
+        "database": _expand(raw.get("database") or {}, "database", env),
+        # Unused upstreams may name variables that are not set; they are simply not built.
+        "upstreams": {
+            n: _expand(u, f"upstreams.{n}", env) for n, u in upstreams.items() if n in used
+        },
+        "pricing": _expand(raw.get("pricing") or {}, "pricing", env),
+        "tenants": {n: _expand(t, f"tenants.{n}", env) for n, t in merged.items()},
+    }
+    try:
+        config = Config.model_validate(doc)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc)) from None
+    _check_keys_unique(config)
+    return config
+
+
+def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope]]]:
+    """Map key digest -> (tenant name, scopes)."""
+    keys: dict[str, tuple[str, frozenset[Scope]]] = {}
+    for name, tenant in config.tenants.items():
+        for entry in tenant.api_keys:
+            key, scopes = (
+                (entry, ALL_SCOPES)
+                if isinstance(entry, str)
+                else (entry.key, frozenset(entry.scopes))
+            )
+            keys[key_digest(key)] = (name, scopes)
+    return keys
+
+
+def _check_keys_unique(config: Config) -> None:
+    seen: dict[str, str] = {}
+    for name, tenant in config.tenants.items():
+        for i, entry in enumerate(tenant.api_keys):
+            digest = key_digest(entry if isinstance(entry, str) else entry.key)
+            if digest in seen and seen[digest] != name:
+                raise ConfigError(
+                    f"tenants.{name}.api_keys.{i}: key already belongs to tenant {seen[digest]!r}"
+                )
+            seen[digest] = name
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(
+            f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})"
+        ) from None
+    return _mapping(data or {}, str(path))
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _expand(value: Any, where: str, env: dict[str, str]) -> Any:
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise ConfigError(f"{where}: environment variable {name} is not set")
+            return env[name]
+
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{where}.{k}", env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{where}.{i}", env) for i, v in enumerate(value)]
+    return value
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig")))
+    value = err.get("input")
+    secret = "api_key" in loc
+    shown = "" if secret or isinstance(value, dict | list) else f" (got {value!r})"
+    more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
+    return f"{loc}: {err['msg']}{shown}{more}"

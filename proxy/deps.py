@@ -1,0 +1,27 @@
+"""Litestar dependency providers."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from litestar import Request
+
+from proxy.access import request_info
+from proxy.auth import Principal
+from proxy.config import Scope
+from proxy.state import AppState
+
+
+def provide_services(request: Request[Any, Any, Any]) -> AppState:
+    return cast(AppState, request.app.state.memproxy)
+
+
+def provide_principal(request: Request[Any, Any, Any]) -> Principal:
+    """The caller, authenticated for the scope the route declares in `opt["scope"]`."""
+    info = request_info(request.scope)
+    scope: Scope = request.route_handler.opt.get("scope", "chat")
+    principal = provide_services(request).keys.authenticate(
+        request.headers.get("authorization"), scope
+    )
+    info.tenant = principal.tenant_id
+    return principal

@@ -1,0 +1,1 @@
+"""HTTP route handlers, grouped by surface."""

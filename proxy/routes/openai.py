@@ -1,0 +1,86 @@
+"""The OpenAI-compatible surface: chat completions, models, and everything else passed through."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post, route
+from litestar.enums import HttpMethod
+
+from proxy.access import request_info
+from proxy.auth import Principal
+from proxy.errors import NotFound
+from proxy.relay import to_response
+from proxy.requests import check_chat_request, parse_json_object
+from proxy.state import AppState
+
+CHAT = {"scope": "chat"}
+
+
+@post("/v1/chat/completions", status_code=200, opt=CHAT, summary="Create chat completion")
+async def chat_completions(
+    request: Request[Any, Any, Any], principal: Principal, services: AppState
+) -> Response[Any]:
+    body = parse_json_object(await request.body())
+    check_chat_request(body)
+    info = request_info(request.scope)
+    model: str = body["model"]
+    info.model = model
+    info.stream = stream = body.get("stream") is True
+    allowed = principal.tenant.models
+    if allowed is not None and model not in allowed:
+        raise NotFound(
+            f"The model '{model}' does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    upstream = services.upstream_for(principal)
+    started = time.perf_counter()
+    reply = await upstream.chat_completions(body, stream=stream)
+    info.upstream_ms = (time.perf_counter() - started) * 1000
+    return to_response(request, reply)
+
+
+@get("/v1/models", opt=CHAT, summary="List models")
+async def list_models(
+    request: Request[Any, Any, Any], principal: Principal, services: AppState
+) -> Response[Any]:
+    allowed = principal.tenant.models
+    if allowed is not None:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "memproxy"} for m in allowed]
+        return Response(
+            content=msgspec.json.encode({"object": "list", "data": data}),
+            media_type="application/json",
+        )
+    return to_response(request, await services.upstream_for(principal).list_models())
+
+
+@route(
+    "/v1/{path:path}",
+    http_method=[
+        HttpMethod.GET,
+        HttpMethod.POST,
+        HttpMethod.PUT,
+        HttpMethod.PATCH,
+        HttpMethod.DELETE,
+    ],
+    opt=CHAT,
+    include_in_schema=False,
+)
+async def passthrough(
+    request: Request[Any, Any, Any], principal: Principal, services: AppState, path: str
+) -> Response[Any]:
+    """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
+    upstream = services.upstream_for(principal)
+    started = time.perf_counter()
+    reply = await upstream.passthrough(
+        request.method,
+        path,
+        request.scope.get("query_string", b""),
+        {k.lower(): v for k, v in request.headers.items()},
+        await request.body(),
+    )
+    request_info(request.scope).upstream_ms = (time.perf_counter() - started) * 1000
+    return to_response(request, reply)

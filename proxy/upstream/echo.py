@@ -1,0 +1,123 @@
+"""The built-in offline upstream: answers every request by describing what it received.
+
+Deterministic (same request, same content), streams when asked, reports usage counted with
+tiktoken. Useful for demos, debugging what the proxy attached, and tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+
+from policies.tokens import count_messages, count_text, message_text
+from proxy.config import UpstreamConfig
+from proxy.errors import NotFound
+from proxy.upstream.base import UpstreamReply
+
+_PREVIEW_CHARS = 200
+
+
+def describe(messages: list[dict[str, Any]], prompt_tokens: int) -> str:
+    last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    preview = message_text(last_user) if last_user else ""
+    if len(preview) > _PREVIEW_CHARS:
+        preview = preview[:_PREVIEW_CHARS] + "..."
+    roles = ", ".join(
+        f"{r}={sum(m.get('role') == r for m in messages)}"
+        for r in dict.fromkeys(m.get("role") for m in messages)
+    )
+    return (
+        f"echo: received {len(messages)} messages ({roles}), {prompt_tokens} prompt tokens. "
+        f'Last user message: "{preview}"'
+    )
+
+
+class EchoUpstream:
+    kind = "echo"
+
+    def __init__(self, name: str, config: UpstreamConfig) -> None:
+        self.name = name
+        self._models = config.models or ["echo"]
+
+    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+        messages = body.get("messages") or []
+        model = str(body.get("model", "echo"))
+        prompt_tokens = count_messages(messages, model)
+        content = describe(messages, prompt_tokens)
+        completion_tokens = count_text(content, model)
+        n_field = body.get("n")
+        n = n_field if isinstance(n_field, int) and n_field > 0 else 1
+        digest = hashlib.sha256(msgspec.json.encode(messages)).hexdigest()[:24]
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens * n,
+            "total_tokens": prompt_tokens + completion_tokens * n,
+        }
+        head = {"id": f"chatcmpl-echo{digest}", "created": int(time.time()), "model": model}
+        headers = {"x-upstream-request-id": f"echo-{digest}"}
+        if not stream:
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": content, "refusal": None},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+                for i in range(n)
+            ]
+            payload = {**head, "object": "chat.completion", "choices": choices, "usage": usage}
+            return UpstreamReply(200, headers, body=msgspec.json.encode(payload))
+        options = body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        chunks = _stream(head, content, n, usage if include_usage else None)
+        return UpstreamReply(200, headers, chunks=chunks, media_type="text/event-stream")
+
+    async def list_models(self) -> UpstreamReply:
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "memproxy"} for m in self._models
+        ]
+        return UpstreamReply(200, body=msgspec.json.encode({"object": "list", "data": data}))
+
+    async def passthrough(
+        self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
+    ) -> UpstreamReply:
+        raise NotFound(
+            f"The echo upstream {self.name!r} only serves chat completions and models; "
+            f"{method} /v1{path} needs an openai-kind upstream.",
+            code="unsupported_endpoint",
+        )
+
+
+async def _stream(
+    head: dict[str, Any], content: str, n: int, usage: dict[str, int] | None
+) -> AsyncIterator[bytes]:
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
+        return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+
+    words = content.split(" ")
+    pieces = [" ".join(words[i : i + 8]) + " " for i in range(0, len(words), 8)]
+    pieces[-1] = pieces[-1].rstrip(" ")
+    for i in range(n):
+        yield event(
+            [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "finish_reason": None,
+                    "logprobs": None,
+                }
+            ]
+        )
+        for piece in pieces:
+            yield event(
+                [{"index": i, "delta": {"content": piece}, "finish_reason": None, "logprobs": None}]
+            )
+        yield event([{"index": i, "delta": {}, "finish_reason": "stop", "logprobs": None}])
+    if usage is not None:
+        yield event([], usage=usage)
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,105 @@
+"""Any OpenAI-compatible HTTP API, spoken through the app's shared httpx client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from proxy.config import UpstreamConfig
+from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from proxy.upstream.base import UpstreamReply
+from proxy.upstream.headers import passthrough_headers
+
+# Request headers a client may set that the provider should still see.
+_FORWARD = ("content-type", "accept", "openai-beta", "idempotency-key")
+
+
+def map_transport_error(exc: httpx.HTTPError, upstream: str) -> UpstreamError:
+    """Translate httpx's failures into the proxy's (502 unreachable / 504 timeout)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"Upstream {upstream!r} timed out ({type(exc).__name__}).")
+    return UpstreamUnreachable(f"Upstream {upstream!r} is unreachable ({type(exc).__name__}).")
+
+
+class OpenAIUpstream:
+    kind = "openai"
+
+    def __init__(self, name: str, config: UpstreamConfig, client: httpx.AsyncClient) -> None:
+        self.name = name
+        self._client = client
+        self._base = config.base_url or "https://api.openai.com/v1"
+        self._auth = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._timeout = httpx.Timeout(config.timeout.read, connect=config.timeout.connect)
+
+    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+        headers = {"content-type": "application/json", **self._auth}
+        if stream:
+            headers["accept"] = "text/event-stream"
+        return await self._send(
+            "POST", "/chat/completions", b"", headers, msgspec.json.encode(body), stream
+        )
+
+    async def list_models(self) -> UpstreamReply:
+        return await self._send("GET", "/models", b"", dict(self._auth), b"", False)
+
+    async def passthrough(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: Mapping[str, str],
+        body: bytes,
+    ) -> UpstreamReply:
+        forwarded = {k: headers[k] for k in _FORWARD if k in headers}
+        forwarded.update(self._auth)
+        return await self._send(method, path, query, forwarded, body, None)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: dict[str, str],
+        content: bytes,
+        stream: bool | None,
+    ) -> UpstreamReply:
+        """Send and wait for the response head; `stream=None` streams whatever comes back."""
+        url = self._base + path + ("?" + query.decode("latin-1") if query else "")
+        request = self._client.build_request(
+            method, url, headers=headers, content=content, timeout=self._timeout
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, self.name) from exc
+        out_headers = passthrough_headers(response.headers.multi_items())
+        media_type = response.headers.get("content-type", "application/json")
+        relay = (stream is True and response.status_code < 400) or stream is None
+        if not relay:
+            try:
+                data = await response.aread()
+            except httpx.HTTPError as exc:
+                raise map_transport_error(exc, self.name) from exc
+            finally:
+                await response.aclose()
+            return UpstreamReply(
+                response.status_code, out_headers, body=data, media_type=media_type
+            )
+        return UpstreamReply(
+            response.status_code,
+            out_headers,
+            chunks=self._relay(response),
+            media_type=media_type,
+        )
+
+    async def _relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, self.name) from exc
+        finally:
+            await response.aclose()
