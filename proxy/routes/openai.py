@@ -7,7 +7,9 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post, route
+from litestar.di import NamedDependency
 from litestar.enums import HttpMethod
+from litestar.params import FromPath
 
 from proxy.access import request_info
 from proxy.auth import Principal
@@ -21,7 +23,9 @@ CHAT = {"scope": "chat"}
 
 @post("/v1/chat/completions", status_code=200, opt=CHAT, summary="Create chat completion")
 async def chat_completions(
-    request: Request[Any, Any, Any], principal: Principal, services: AppState
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
     check_chat_request(body)
@@ -45,7 +49,9 @@ async def chat_completions(
 
 @get("/v1/models", opt=CHAT, summary="List models")
 async def list_models(
-    request: Request[Any, Any, Any], principal: Principal, services: AppState
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
 ) -> Response[Any]:
     allowed = principal.tenant.models
     if allowed is not None:
@@ -70,7 +76,10 @@ async def list_models(
     include_in_schema=False,
 )
 async def passthrough(
-    request: Request[Any, Any, Any], principal: Principal, services: AppState, path: str
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+    path: FromPath[str],
 ) -> Response[Any]:
     """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
     upstream = services.upstream_for(principal)

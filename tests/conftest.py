@@ -1,0 +1,81 @@
+"""Shared fixtures: real servers on 127.0.0.1, never the network."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.config import Config, TenantConfig, UpstreamConfig
+from proxy.offline import prepare_offline_environment
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.server import ServerThread
+
+prepare_offline_environment()
+
+KEY = "test-key"
+CHAT_ONLY_KEY = "chat-only-key"
+OTHER_TENANT_KEY = "other-key"
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests talk to 127.0.0.1 only; anything else fails loudly."""
+    real_connect = socket.socket.connect
+
+    def guarded(self: socket.socket, address: Any) -> Any:
+        if isinstance(address, tuple) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+            raise RuntimeError(f"test tried to reach the network: {address!r}")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+def make_config(upstream: UpstreamConfig, **tenant: Any) -> Config:
+    """Tenant `t1` (keys: all scopes and chat-only) and tenant `t2`, both on `upstream`."""
+    return Config(
+        upstreams={"main": upstream, "echo": UpstreamConfig(kind="echo")},
+        tenants={
+            "t1": TenantConfig(
+                api_keys=[KEY, {"key": CHAT_ONLY_KEY, "scopes": ["chat"]}],
+                upstream="main",
+                **tenant,
+            ),
+            "t2": TenantConfig(api_keys=[OTHER_TENANT_KEY], upstream="main"),
+        },
+    )
+
+
+@pytest.fixture
+def fake_upstream() -> Iterator[tuple[FakeOpenAI, str]]:
+    """A fake OpenAI API on a real port: (app, base_url ending in /v1)."""
+    app = FakeOpenAI()
+    with ServerThread(app) as server:
+        yield app, server.url + "/v1"
+
+
+@pytest.fixture
+def serve_proxy() -> Iterator[Callable[[Config], str]]:
+    """Start memproxy for a config; returns its base URL (ending in /v1)."""
+    servers: list[ServerThread] = []
+
+    def start(config: Config) -> str:
+        server = ServerThread(create_app(config)).start()
+        servers.append(server)
+        return server.url + "/v1"
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def proxy_url(fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[[Config], str]) -> str:
+    """memproxy in front of the fake upstream."""
+    _, upstream_url = fake_upstream
+    return serve_proxy(
+        make_config(UpstreamConfig(kind="openai", base_url=upstream_url, api_key="upstream-key"))
+    )

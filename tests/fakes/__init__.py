@@ -1,0 +1,1 @@
+"""Real servers that stand in for model providers in tests and benchmarks."""
