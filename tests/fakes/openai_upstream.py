@@ -12,6 +12,7 @@ Like the real API, it rejects a `tool` message that does not answer a preceding 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -146,10 +147,8 @@ class FakeOpenAI:
                     return
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if self.chunk_delay:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(disconnected.wait(), self.chunk_delay)
-                    except TimeoutError:
-                        pass
             await send({"type": "http.response.body", "body": b""})
             self.streams_finished += 1
         finally:
