@@ -274,7 +274,8 @@ def _expand(value: Any, where: str, env: dict[str, str]) -> Any:
 
 
 def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    # In a union (a key is a string or an object) the deepest error is the one that helps.
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig")))
     value = err.get("input")
     secret = "api_key" in loc

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_config, tenant_keys
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_shipped_config_loads_with_no_environment() -> None:
+    config = load_config(REPO / "config.yaml", environ={})
+    demo = config.tenants["demo"]
+    assert demo.upstream == "echo"
+    assert config.upstreams["echo"].kind == "echo"
+    assert demo.context.token_budget == 2000
+    assert demo.memory.extract == "off"  # bare YAML `off` is the string, not false
+    assert "openai" not in config.upstreams  # unused, so its missing key is no error
+
+
+def test_defaults_merge_into_tenants_key_by_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+defaults:
+  context: {token_budget: 1000, min_recent_messages: 2}
+  limits: {rpm: 60}
+tenants:
+  a: {api_keys: [ka], context: {token_budget: 4000}}
+  b: {api_keys: [kb]}
+""",
+    )
+    config = load_config(path, environ={})
+    a, b = config.tenants["a"], config.tenants["b"]
+    assert (a.context.token_budget, a.context.min_recent_messages) == (4000, 2)
+    assert (b.context.token_budget, b.context.min_recent_messages) == (1000, 2)
+    assert a.limits.rpm == b.limits.rpm == 60
+    assert a.context.placement == "before_last_user"
+
+
+def test_env_vars_expand_and_missing_ones_name_the_key(tmp_path: Path) -> None:
+    text = """
+upstreams:
+  openai: {kind: openai, base_url: "http://x/v1", api_key: "${UP_KEY}"}
+tenants:
+  a: {api_keys: ["${APP_KEY}"], upstream: openai}
+"""
+    path = write(tmp_path, text)
+    config = load_config(path, environ={"UP_KEY": "sk-up", "APP_KEY": "app"})
+    assert config.upstreams["openai"].api_key == "sk-up"
+    assert tenant_keys(config)[hashlib.sha256(b"app").hexdigest()][0] == "a"
+    with pytest.raises(
+        ConfigError, match=r"^upstreams\.openai\.api_key: environment variable UP_KEY"
+    ):
+        load_config(path, environ={"APP_KEY": "app"})
+    with pytest.raises(
+        ConfigError, match=r"^tenants\.a\.api_keys\.0: environment variable APP_KEY"
+    ):
+        load_config(path, environ={"UP_KEY": "k"})
+
+
+def test_keys_hashed_scoped_and_unique(tmp_path: Path) -> None:
+    digest = hashlib.sha256(b"secret").hexdigest()
+    path = write(
+        tmp_path,
+        f"""
+tenants:
+  a: {{api_keys: ["sha256:{digest}", {{key: plain, scopes: [chat]}}]}}
+""",
+    )
+    keys = tenant_keys(load_config(path, environ={}))
+    assert keys[digest] == ("a", frozenset({"chat", "manage"}))
+    assert keys[hashlib.sha256(b"plain").hexdigest()] == ("a", frozenset({"chat"}))
+    dup = write(tmp_path, "tenants:\n  a: {api_keys: [k]}\n  b: {api_keys: [k]}\n", "dup.yaml")
+    with pytest.raises(
+        ConfigError, match=r"tenants\.b\.api_keys\.0: key already belongs to tenant 'a'"
+    ):
+        load_config(dup, environ={})
+
+
+def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
+    write(
+        tmp_path, "acme: {api_keys: [acme-key], context: {token_budget: 10}}\n", "tenants/acme.yaml"
+    )
+    path = write(tmp_path, "tenants:\n  demo: {api_keys: [d]}\ninclude: [tenants/*.yaml]\n")
+    config = load_config(path, environ={})
+    assert set(config.tenants) == {"demo", "acme"}
+    assert config.tenants["acme"].context.token_budget == 10
+    write(tmp_path, "demo: {api_keys: [other]}\n", "tenants/zz.yaml")
+    with pytest.raises(ConfigError, match=r"tenants\.demo: defined twice"):
+        load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "tenants:\n  a: {api_keys: [k], context: {token_budget: lots}}\n",
+            r"^tenants\.a\.context\.token_budget: ",
+        ),
+        (
+            "tenants:\n  a: {api_keys: [k], upstream: nowhere}\n",
+            r"^tenants\.a\.upstream: no upstream named 'nowhere'",
+        ),
+        ("tenants:\n  a: {api_keys: []}\n", r"^tenants\.a\.api_keys: "),
+        ("tenants:\n  a: {api_keys: [k], colour: blue}\n", r"^tenants\.a\.colour: Extra inputs"),
+        (
+            "tenants:\n  a: {api_keys: [{key: k, scopes: [root]}]}\n",
+            r"^tenants\.a\.api_keys\.0\.scopes\.0: ",
+        ),
+        (
+            "upstreams:\n  u: {kind: grpc}\ntenants:\n  a: {api_keys: [k], upstream: u}\n",
+            r"^upstreams\.u\.kind: ",
+        ),
+        ("server: {max_body_bytes: -1}\n", r"^server\.max_body_bytes: "),
+        ("servr: {}\n", r"^servr: unknown top-level key"),
+        ("tenants: [a, b]\n", r"^tenants: expected a mapping"),
+        ("tenants:\n  a: {api_keys: [k]\n", r"line \d+: not valid YAML"),
+    ],
+)
+def test_bad_config_fails_with_one_line_naming_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(write(tmp_path, text), environ={})
+    assert "\n" not in str(info.value)
+
+
+def test_secret_values_never_appear_in_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, "tenants:\n  a: {api_keys: [{key: hunter2-secret, scopes: [nope]}]}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert "hunter2" not in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.yaml", environ={})

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import BadRequest
+from proxy.requests import check_chat_request, parse_json_object
+
+GOOD: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("raw", [b"", b"   ", b"{", b"[1]", b'"s"', b"\xff\xfe", b"null"])
+def test_bodies_that_are_not_json_objects_are_400(raw: bytes) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_json_object(raw)
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"model": None}, "model"),
+        ({"model": ""}, "model"),
+        ({"model": 3}, "model"),
+        ({"messages": None}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": ["hi"]}, "messages[0]"),
+        ({"messages": [{"content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": []}, "stream_options"),
+    ],
+)
+def test_wrong_fields_are_400_naming_the_param(patch: dict[str, Any], param: str) -> None:
+    body = {**GOOD, **patch}
+    body = {k: v for k, v in body.items() if v is not None}
+    with pytest.raises(BadRequest) as info:
+        check_chat_request(body)
+    assert info.value.param == param
+
+
+def test_valid_requests_pass_including_parts_tools_and_unknown_fields() -> None:
+    check_chat_request(GOOD)
+    check_chat_request(
+        {
+            "model": "m",
+            "stream": True,
+            "some_future_field": {"x": 1},
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c", "type": "function"}],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "42"},
+            ],
+        }
+    )
