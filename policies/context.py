@@ -1,0 +1,145 @@
+"""Context assembly: which stored messages go with a request, and where.
+
+A pure function of the client's messages, the stored history the client did not send, and the
+tenant's budget. The invariants it keeps (each pinned by a test):
+
+- the client's messages are never altered, dropped or reordered;
+- attached history is the contiguous most-recent run of the stored history: a message that does
+  not fit ends the run, older ones are never taken instead;
+- what is attached stays within `token_budget`, except that the last `min_recent_messages`
+  stored messages are kept even when they alone exceed it;
+- an assistant message with `tool_calls` travels with its `tool` replies, and no `tool`
+  message is ever attached without the call it answers;
+- when the whole prompt would not fit the model's context window, history is dropped (oldest
+  first) until it does; the client's own messages are never rejected or trimmed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.tokens import TOKENS_PER_REPLY
+
+Message = dict[str, Any]
+LEADING_ROLES = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """A stored message with its token count (counted once, when it was stored)."""
+
+    message: Message
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    token_budget: int = 2000
+    max_history_messages: int = 20
+    min_recent_messages: int = 6
+    # The model's input window, when known; None skips the window check.
+    context_window: int | None = None
+    # Tokens the reply needs (the request's max_tokens), kept free in the window.
+    reserve_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Assembly:
+    messages: list[Message]
+    history_messages: int = 0
+    context_tokens: int = 0
+    dropped_for_window: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _call_ids(message: Message) -> set[Any]:
+    if message.get("role") != "assistant":
+        return set()
+    calls = message.get("tool_calls")
+    return {c.get("id") for c in calls if isinstance(c, dict)} if isinstance(calls, list) else set()
+
+
+def _units(history: Sequence[StoredTurn]) -> list[list[StoredTurn]]:
+    """Split history into units that must be attached whole: an assistant message with
+    tool_calls plus the tool replies after it; any other message alone. Tool messages whose
+    call is not in the history (cut off by the stored tail) form no unit and are dropped."""
+    units: list[list[StoredTurn]] = []
+    for turn in history:
+        role = turn.message.get("role")
+        if role == "tool":
+            opener = units[-1][0].message if units else {}
+            if turn.message.get("tool_call_id") in _call_ids(opener):
+                units[-1].append(turn)
+            continue
+        units.append([turn])
+    return units
+
+
+def _answered(unit: list[StoredTurn]) -> bool:
+    replies = {t.message.get("tool_call_id") for t in unit[1:]}
+    return _call_ids(unit[0].message) <= replies
+
+
+def select_history(
+    history: Sequence[StoredTurn], budget: Budget, *, answers_tool_call: bool = False
+) -> list[StoredTurn]:
+    """The most recent contiguous run of history that the budget allows. With
+    `answers_tool_call` (the client's turn starts with tool replies) the newest unit, the call
+    those replies answer, is always kept."""
+    chosen: list[list[StoredTurn]] = []
+    count = tokens = 0
+    for position, unit in enumerate(reversed(_units(history))):
+        if position > 0 and not _answered(unit):
+            break  # a call whose replies are missing would be rejected by the upstream
+        size = len(unit)
+        cost = sum(t.tokens for t in unit)
+        mandatory = count < budget.min_recent_messages or (answers_tool_call and not chosen)
+        fits = count + size <= budget.max_history_messages and tokens + cost <= budget.token_budget
+        if not (mandatory or fits):
+            break
+        chosen.append(unit)
+        count += size
+        tokens += cost
+    return [turn for unit in reversed(chosen) for turn in unit]
+
+
+def _insert_at(client: Sequence[Message]) -> int:
+    """History goes after the client's leading system/developer messages, before the rest."""
+    index = 0
+    while index < len(client) and client[index].get("role") in LEADING_ROLES:
+        index += 1
+    return index
+
+
+def assemble(
+    client: Sequence[Message],
+    history: Sequence[StoredTurn],
+    budget: Budget,
+    client_tokens: int | None = None,
+) -> Assembly:
+    """Final messages for the upstream. `client_tokens` (the client's prompt tokens) is needed
+    only when `budget.context_window` is set; pass None to skip the window check."""
+    at = _insert_at(client)
+    answers_tool_call = at < len(client) and client[at].get("role") == "tool"
+    turns = select_history(history, budget, answers_tool_call=answers_tool_call)
+    dropped = 0
+    if budget.context_window is not None and client_tokens is not None:
+        room = budget.context_window - budget.reserve_tokens - client_tokens - TOKENS_PER_REPLY
+        keep = 1 if answers_tool_call else 0  # the call a client's tool reply answers stays
+        while len(_units(turns)) > keep and sum(t.tokens for t in turns) > room:
+            # Drop from the oldest end, keeping tool calls with their replies.
+            units = _units(turns)
+            dropped += len(units[0])
+            turns = [t for unit in units[1:] for t in unit]
+    messages = [*client[:at], *(t.message for t in turns), *client[at:]]
+    result = Assembly(
+        messages=messages,
+        history_messages=len(turns),
+        context_tokens=sum(t.tokens for t in turns),
+        dropped_for_window=dropped,
+    )
+    if dropped:
+        result.notes.append(f"dropped {dropped} history messages to fit the context window")
+    return result
