@@ -1,0 +1,119 @@
+"""How a request is matched to a stored conversation, in O(request) and without reading history.
+
+Each stored message carries a chained hash of the conversation up to and including it, and the
+conversation keeps the hash of its whole chain. A client that resends its history continues a
+stored conversation exactly when `chain_hashes(request)[count - 1]` equals the stored chain hash,
+where `count` is the stored chain's length: one comparison, whatever the history's size.
+
+Hashes are over a canonical form of each message (role, content, name, tool calls, tool call
+id), so the same message hashes the same whether it came from the client or was reassembled
+from an upstream reply (`refusal: null`, key order and empty content do not matter).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Message = dict[str, Any]
+EMPTY_CHAIN = ""
+
+
+def canonical(message: Message) -> bytes:
+    content = message.get("content")
+    if content == "" or content == []:
+        content = None
+    calls = message.get("tool_calls") or None
+    if isinstance(calls, list):
+        calls = [
+            {
+                "id": c.get("id"),
+                "name": (c.get("function") or {}).get("name"),
+                "arguments": (c.get("function") or {}).get("arguments"),
+            }
+            if isinstance(c, dict)
+            else c
+            for c in calls
+        ]
+    form = [message.get("role"), content, message.get("name"), calls, message.get("tool_call_id")]
+    return json.dumps(form, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def chain_next(previous: str, message: Message) -> str:
+    return hashlib.sha256(previous.encode() + b"\n" + canonical(message)).hexdigest()
+
+
+def chain_hashes(messages: Iterable[Message], start: str = EMPTY_CHAIN) -> list[str]:
+    """The chained hash after each message."""
+    out: list[str] = []
+    current = start
+    for message in messages:
+        current = chain_next(current, message)
+        out.append(current)
+    return out
+
+
+def fingerprint(messages: Sequence[Message]) -> str:
+    """Identifies how a conversation opened: its first system and first user message."""
+    first_system = next((m for m in messages if m.get("role") in ("system", "developer")), {})
+    first_user = next((m for m in messages if m.get("role") == "user"), {})
+    return hashlib.sha256(canonical(first_system) + b"\n" + canonical(first_user)).hexdigest()
+
+
+def continues(stored_count: int, stored_hash: str, hashes: Sequence[str]) -> bool:
+    """Whether a stored chain of `stored_count` messages is a prefix of the request."""
+    if stored_count == 0:
+        return False
+    return stored_count <= len(hashes) and hashes[stored_count - 1] == stored_hash
+
+
+def same_message(a: Message, b: Message) -> bool:
+    return canonical(a) == canonical(b)
+
+
+MAX_OVERLAP = 32
+LEADING_ROLES = ("system", "developer")
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """What a request adds to a stored conversation, and what of it the client already sent."""
+
+    new: list[Message]  # messages to store
+    attach_history: bool  # a thin client: the stored tail goes with the request
+    overlap: int = 0  # newest stored messages the client resent (not attached again)
+
+
+def split_request(
+    messages: Sequence[Message],
+    hashes: Sequence[str],
+    chain_count: int,
+    chain_hash: str,
+    tail: Sequence[Message] = (),
+) -> Split:
+    """Decide, in O(request), which of the request's messages are new.
+
+    - the stored chain is a prefix of the request: the client resent its history; the rest is
+      new and nothing needs attaching (a retry of an unanswered turn adds nothing);
+    - an empty conversation: everything is new;
+    - otherwise a thin client: its leading system/developer messages are its own instructions,
+      the rest is new, except a run it resent that the stored chain already ends with (a retried
+      turn, or a client that repeats the last reply): that is neither stored nor attached twice.
+    """
+    if continues(chain_count, chain_hash, hashes):
+        return Split(new=list(messages[chain_count:]), attach_history=False)
+    if chain_count == 0:
+        return Split(new=list(messages), attach_history=False)
+    start = 0
+    while start < len(messages) and messages[start].get("role") in LEADING_ROLES:
+        start += 1
+    turn = list(messages[start:])
+    overlap = 0
+    for k in range(min(len(turn), len(tail), MAX_OVERLAP), 0, -1):
+        if all(same_message(a, b) for a, b in zip(tail[-k:], turn[:k], strict=True)):
+            overlap = k
+            break
+    return Split(new=turn[overlap:], attach_history=True, overlap=overlap)

@@ -1,0 +1,256 @@
+"""Conversation memory on the request path: identify, load, store the turn, store the reply.
+
+`begin()` runs before the upstream is called, in one transaction: it finds or creates the
+conversation, stores the request's new messages and opens the exchange record (`in_progress`),
+so the user's turn is durable before anything else happens. `finish()` stores the reply (whole,
+partial or none) and closes the exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from policies.context import StoredTurn
+from policies.identity import chain_hashes, chain_next, continues, fingerprint, split_request
+from policies.tokens import count_message, message_text
+from proxy.config import ContextSettings
+from proxy.errors import NotFound
+from storage.database import Database
+from storage.errors import ConflictError
+from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
+from storage.repositories.conversations import Conversations
+from storage.repositories.exchanges import Exchanges
+
+Mode = Literal["full", "read", "off"]
+ANONYMOUS = "anonymous"
+# Stored messages read beyond the history window, so a tool call's replies are not cut off.
+TAIL_SLACK = 8
+# Texts longer than this are tokenized in a worker thread, off the event loop.
+TOKENIZE_INLINE_CHARS = 16_000
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_conversation_id() -> str:
+    return "conv_" + secrets.token_hex(12)
+
+
+@dataclass(slots=True)
+class Turn:
+    """What `begin()` learned and `finish()` needs."""
+
+    request_id: str
+    tenant_id: str
+    user_id: str
+    mode: Mode
+    model: str
+    conversation: ConversationRecord | None = None
+    history: list[StoredTurn] = field(default_factory=list)
+    store_reply: bool = False
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if self.conversation else None
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: Literal["complete", "incomplete", "error"]
+    http_status: int | None = None
+    reply: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    upstream_ms: float | None = None
+    attached: dict[str, Any] = field(default_factory=dict)
+
+
+async def count_tokens(message: dict[str, Any], model: str) -> int:
+    if len(message_text(message)) > TOKENIZE_INLINE_CHARS:
+        return await asyncio.to_thread(count_message, message, model)
+    return count_message(message, model)
+
+
+def _stored(record: MessageRecord) -> StoredTurn:
+    return StoredTurn(record.to_openai(), record.tokens)
+
+
+class ConversationMemory:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def begin(
+        self,
+        *,
+        request_id: str,
+        tenant_id: str,
+        user_id: str,
+        conversation_id: str | None,
+        mode: Mode,
+        idempotency_key: str | None,
+        messages: list[dict[str, Any]],
+        model: str,
+        upstream: str,
+        stream: bool,
+        context: ContextSettings,
+    ) -> Turn:
+        turn = Turn(request_id, tenant_id, user_id, mode, model)
+        for attempt in (1, 2):
+            try:
+                async with self.db.write() as conn:
+                    key = await self._resolve(
+                        conn, turn, conversation_id, idempotency_key, messages, context
+                    )
+                    await Exchanges(conn).start(
+                        NewExchange(
+                            request_id=request_id,
+                            tenant_id=tenant_id,
+                            user_id=user_id,
+                            model=model,
+                            upstream=upstream,
+                            mode=mode,
+                            stream=stream,
+                            started_at=now(),
+                            conversation_pk=turn.conversation.pk if turn.conversation else None,
+                            conversation_id=turn.conversation_id or conversation_id,
+                            idempotency_key=key,
+                        )
+                    )
+                return turn
+            except ConflictError:
+                # A concurrent request created the same conversation or used the same
+                # idempotency key first; the second attempt finds its row.
+                if attempt == 2:
+                    raise
+                turn = Turn(request_id, tenant_id, user_id, mode, model)
+        raise AssertionError("unreachable")
+
+    async def _resolve(
+        self,
+        conn: AsyncConnection,
+        turn: Turn,
+        conversation_id: str | None,
+        idempotency_key: str | None,
+        messages: list[dict[str, Any]],
+        context: ContextSettings,
+    ) -> str | None:
+        """Fill `turn` in; return the idempotency key to record on the new exchange."""
+        if turn.mode == "off":
+            return idempotency_key
+        conversations = Conversations(conn)
+        writing = turn.mode == "full"
+        prior = None
+        if idempotency_key:
+            prior = await Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
+        hashes = chain_hashes(messages)
+        if prior is not None:
+            conv = None
+            if prior.conversation_id:
+                conv = await conversations.get(
+                    turn.tenant_id, prior.conversation_id, for_update=writing
+                )
+        elif conversation_id:
+            conv = await conversations.get(turn.tenant_id, conversation_id, for_update=writing)
+            if conv is not None and conv.user_id != turn.user_id:
+                raise NotFound(
+                    f"No conversation {conversation_id!r} for user {turn.user_id!r}.",
+                    param="X-Memory-Conversation-Id",
+                    code="conversation_not_found",
+                )
+        else:
+            conv = await conversations.find_by_chain(
+                turn.tenant_id, turn.user_id, hashes, for_update=writing
+            )
+        if conv is None and writing:
+            conv = await conversations.create(
+                turn.tenant_id,
+                turn.user_id,
+                conversation_id or new_conversation_id(),
+                now=now(),
+                fingerprint=fingerprint(messages),
+            )
+        turn.conversation = conv
+        if conv is None:
+            return idempotency_key
+        window = max(context.max_history_messages, context.min_recent_messages) + TAIL_SLACK
+        tail: list[MessageRecord] = []
+        if conv.chain_count and not continues(conv.chain_count, conv.chain_hash, hashes):
+            tail = await conversations.tail(turn.tenant_id, conv.pk, window)
+        split = split_request(
+            messages, hashes, conv.chain_count, conv.chain_hash, [m.to_openai() for m in tail]
+        )
+        if split.attach_history:
+            kept = tail[: len(tail) - split.overlap]
+            turn.history = [_stored(m) for m in kept if m.role not in ("system", "developer")]
+        new = [] if prior is not None else split.new
+        turn.store_reply = writing and (prior is None or prior.status != "complete")
+        if writing and new:
+            hashes_new = chain_hashes(new, conv.chain_hash)
+            rows = [
+                NewMessage(
+                    role=str(m.get("role")),
+                    content=m.get("content"),
+                    name=m.get("name"),
+                    tool_calls=m.get("tool_calls"),
+                    tool_call_id=m.get("tool_call_id"),
+                    tokens=await count_tokens(m, turn.model),
+                    chain_hash=h,
+                    exchange_id=turn.request_id,
+                )
+                for m, h in zip(new, hashes_new, strict=True)
+            ]
+            turn.conversation = await conversations.append(conv, turn.user_id, rows, now=now())
+        return idempotency_key if prior is None else None
+
+    async def finish(self, turn: Turn, outcome: Outcome) -> None:
+        async with self.db.write() as conn:
+            conv = turn.conversation
+            reply = outcome.reply
+            if turn.store_reply and conv is not None and reply is not None:
+                conversations = Conversations(conn)
+                fresh = await conversations.get(turn.tenant_id, conv.id, for_update=True)
+                if fresh is not None:
+                    complete = outcome.status == "complete"
+                    await conversations.append(
+                        fresh,
+                        turn.user_id,
+                        [
+                            NewMessage(
+                                role="assistant",
+                                content=reply.get("content"),
+                                tool_calls=reply.get("tool_calls"),
+                                tokens=await count_tokens(reply, turn.model),
+                                chain_hash=chain_next(fresh.chain_hash, reply)
+                                if complete
+                                else None,
+                                status=outcome.status,
+                                exchange_id=turn.request_id,
+                            )
+                        ],
+                        now=now(),
+                    )
+            usage = outcome.usage or {}
+            await Exchanges(conn).finish(
+                turn.tenant_id,
+                turn.request_id,
+                status=outcome.status,
+                http_status=outcome.http_status,
+                finished_at=now(),
+                latency_ms=outcome.latency_ms,
+                ttft_ms=outcome.ttft_ms,
+                upstream_ms=outcome.upstream_ms,
+                attached=outcome.attached,
+                usage=outcome.usage,
+                prompt_tokens=usage.get("prompt_tokens"),
+                completion_tokens=usage.get("completion_tokens"),
+                error=outcome.error,
+            )

@@ -1,0 +1,124 @@
+"""Watching a relayed chat stream without changing it: SSE events in, the reply reassembled.
+
+The relay passes bytes on as they come; this only observes them, to store the assistant's reply
+(content, tool calls, finish reason) and the usage chunk when the stream ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+DONE = b"data: [DONE]"
+
+
+class SSEDecoder:
+    """Incremental `data:` event decoder (events end with a blank line; CRLF tolerated)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The data payloads of every event completed by `chunk`."""
+        self._buffer += chunk.replace(b"\r\n", b"\n")
+        events: list[bytes] = []
+        while (end := self._buffer.find(b"\n\n")) >= 0:
+            raw, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+            data = [line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")]
+            if data:
+                events.append(b"\n".join(data))
+        return events
+
+
+class ReplyAssembler:
+    """Folds chat.completion.chunk events into one assistant message (choice 0)."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.done = False
+        self.chunks = 0
+
+    def add(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            event = msgspec.json.decode(payload)
+        except msgspec.DecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        if isinstance(event.get("error"), dict):
+            self.error = event["error"]
+            return
+        self.chunks += 1
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            self._add_delta(choice.get("delta") or {})
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _add_delta(self, delta: dict[str, Any]) -> None:
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
+        for call in delta.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            slot = self.tool_calls.setdefault(
+                int(call.get("index", 0)),
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            if call.get("id"):
+                slot["id"] = call["id"]
+            if call.get("type"):
+                slot["type"] = call["type"]
+            function = call.get("function") or {}
+            if function.get("name"):
+                slot["function"]["name"] += function["name"]
+            if function.get("arguments"):
+                slot["function"]["arguments"] += function["arguments"]
+
+    @property
+    def received_anything(self) -> bool:
+        return bool(self.content or self.tool_calls or self.refusal)
+
+    def message(self) -> dict[str, Any]:
+        """The reply as an assistant message, as a client would send it back."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        return message
+
+
+def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(assistant message of choice 0, usage) from a non-streamed completion body."""
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None, usage
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return None, usage
+    reply: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        reply["tool_calls"] = message["tool_calls"]
+    return reply, usage

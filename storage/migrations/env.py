@@ -1,0 +1,50 @@
+"""Alembic environment: runs the migrations on our async engine (SQLite or PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from alembic import context
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from storage.models import Base
+
+# Any fixed number: replicas starting together take turns on it (PostgreSQL only).
+MIGRATION_LOCK_ID = 727_274_001
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    if connection.dialect.name == "postgresql":
+        connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})"))
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_async() -> None:
+    url = context.config.get_main_option("sqlalchemy.url")
+    assert url, "sqlalchemy.url is not set"
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(_run)
+            await conn.commit()
+    finally:
+        await engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(
+        url=context.config.get_main_option("sqlalchemy.url"), target_metadata=Base.metadata
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    asyncio.run(_run_async())

@@ -1,0 +1,133 @@
+"""Tables. Every row of tenant data carries `tenant_id`, and every index on the request path
+starts with it (or with a key that is already tenant-scoped)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, cast
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+PK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    id: Mapped[str] = mapped_column(String(128))  # the client-visible id, unique per tenant
+    user_id: Mapped[str] = mapped_column(String(256))
+    title: Mapped[str | None] = mapped_column(String(512))
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The chain: messages that count as the conversation (complete ones), and its hash.
+    chain_count: Mapped[int] = mapped_column(Integer, default=0)
+    chain_hash: Mapped[str] = mapped_column(String(64), default="")
+    next_seq: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "id", name="uq_conversations_tenant_id"),
+        # Continuing a conversation by its chain: one index probe per request message.
+        Index("ix_conversations_chain", "tenant_id", "user_id", "chain_hash"),
+        Index("ix_conversations_user_recent", "tenant_id", "user_id", "updated_at"),
+    )
+
+
+class Message(Base):
+    __tablename__ = "messages"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    conversation_pk: Mapped[int] = mapped_column(
+        PK, ForeignKey("conversations.pk", ondelete="CASCADE")
+    )
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[Any] = mapped_column(JSON, nullable=True)  # a string or a list of parts
+    name: Mapped[str | None] = mapped_column(String(256))
+    tool_calls: Mapped[Any] = mapped_column(JSON, nullable=True)
+    tool_call_id: Mapped[str | None] = mapped_column(String(256))
+    tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # complete: part of the chain. incomplete / error: a partial reply kept for the record.
+    status: Mapped[str] = mapped_column(String(16), default="complete")
+    chain_hash: Mapped[str | None] = mapped_column(String(64))
+    exchange_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+
+    __table_args__ = (
+        UniqueConstraint("conversation_pk", "seq", name="uq_messages_conversation_seq"),
+        Index("ix_messages_tenant_user", "tenant_id", "user_id"),
+    )
+
+
+class Exchange(Base):
+    """One chat completion through the proxy: what was sent, attached, answered and spent."""
+
+    __tablename__ = "exchanges"
+
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    conversation_pk: Mapped[int | None] = mapped_column(
+        PK, ForeignKey("conversations.pk", ondelete="SET NULL")
+    )
+    conversation_id: Mapped[str | None] = mapped_column(String(128))
+    idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    model: Mapped[str] = mapped_column(String(256))
+    upstream: Mapped[str] = mapped_column(String(128))
+    mode: Mapped[str] = mapped_column(String(8))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    # in_progress -> complete | incomplete | error
+    status: Mapped[str] = mapped_column(String(16), default="in_progress")
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    upstream_ms: Mapped[float | None] = mapped_column(Float)
+    attached: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_exchanges_idempotency"),
+        Index("ix_exchanges_status_started", "status", "started_at"),
+        Index("ix_exchanges_tenant_started", "tenant_id", "started_at"),
+        Index("ix_exchanges_tenant_user", "tenant_id", "user_id"),
+    )
+
+
+# Core handles on the tables, for the repositories' SQL expressions.
+CONVERSATIONS = cast(Table, Conversation.__table__)
+MESSAGES = cast(Table, Message.__table__)
+EXCHANGES = cast(Table, Exchange.__table__)

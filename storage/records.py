@@ -1,0 +1,108 @@
+"""Plain records that repositories return and accept: no ORM objects leave storage/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRecord:
+    pk: int
+    tenant_id: str
+    id: str
+    user_id: str
+    title: str | None
+    fingerprint: str | None
+    archived: bool
+    chain_count: int
+    chain_hash: str
+    next_seq: int
+    created_at: datetime
+    updated_at: datetime
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    pk: int
+    seq: int
+    role: str
+    content: Any
+    name: str | None
+    tool_calls: Any
+    tool_call_id: str | None
+    tokens: int
+    status: str
+    exchange_id: str | None
+    created_at: datetime
+    meta: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as a chat completion request carries it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+@dataclass(slots=True)
+class NewMessage:
+    role: str
+    content: Any
+    tokens: int
+    chain_hash: str | None  # None for a partial reply that is not part of the chain
+    name: str | None = None
+    tool_calls: Any = None
+    tool_call_id: str | None = None
+    status: str = "complete"
+    exchange_id: str | None = None
+    created_at: datetime | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class NewExchange:
+    request_id: str
+    tenant_id: str
+    user_id: str
+    model: str
+    upstream: str
+    mode: str
+    stream: bool
+    started_at: datetime
+    conversation_pk: int | None = None
+    conversation_id: str | None = None
+    idempotency_key: str | None = None
+    attached: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRecord:
+    request_id: str
+    tenant_id: str
+    user_id: str
+    conversation_pk: int | None
+    conversation_id: str | None
+    idempotency_key: str | None
+    model: str
+    upstream: str
+    mode: str
+    stream: bool
+    status: str
+    http_status: int | None
+    started_at: datetime
+    finished_at: datetime | None
+    latency_ms: float | None
+    ttft_ms: float | None
+    upstream_ms: float | None
+    attached: dict[str, Any]
+    usage: dict[str, Any] | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    error: str | None

@@ -1,0 +1,1 @@
+"""Repositories: the only code that speaks SQL. Tenant data is always read by tenant."""

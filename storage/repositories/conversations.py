@@ -1,0 +1,272 @@
+"""Conversations and their messages. Every call takes the tenant; nothing crosses tenants."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from storage.errors import ConflictError
+from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
+from storage.records import ConversationRecord, MessageRecord, NewMessage
+from storage.repositories.rows import columns, utc_row
+
+C = CONVERSATIONS
+M = MESSAGES
+E = EXCHANGES
+_CONVERSATION_COLUMNS = columns(C, ConversationRecord)
+_MESSAGE_COLUMNS = columns(M, MessageRecord)
+# Hashes per IN (...) probe; well under every driver's parameter limit.
+_CHAIN_PROBE = 500
+
+
+def _conversation(row: Any) -> ConversationRecord:
+    return ConversationRecord(**utc_row(row))
+
+
+def _message(row: Any) -> MessageRecord:
+    return MessageRecord(**utc_row(row))
+
+
+class Conversations:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    async def get(
+        self, tenant_id: str, conversation_id: str, *, for_update: bool = False
+    ) -> ConversationRecord | None:
+        query = select(*_CONVERSATION_COLUMNS).where(
+            C.c.tenant_id == tenant_id, C.c.id == conversation_id
+        )
+        if for_update:
+            query = query.with_for_update()
+        row = (await self.conn.execute(query)).first()
+        return _conversation(row) if row else None
+
+    async def find_by_chain(
+        self, tenant_id: str, user_id: str, hashes: Sequence[str], *, for_update: bool = False
+    ) -> ConversationRecord | None:
+        """The newest conversation of this user whose whole chain is a prefix of the request.
+
+        A chain hash covers every message before it, so a stored conversation whose chain hash
+        equals any of the request's prefix hashes is exactly a prefix of the request."""
+        best: ConversationRecord | None = None
+        for start in range(0, len(hashes), _CHAIN_PROBE):
+            probe = list(hashes[start : start + _CHAIN_PROBE])
+            query = (
+                select(*_CONVERSATION_COLUMNS)
+                .where(
+                    C.c.tenant_id == tenant_id, C.c.user_id == user_id, C.c.chain_hash.in_(probe)
+                )
+                .order_by(C.c.updated_at.desc(), C.c.pk.desc())
+                .limit(1)
+            )
+            row = (await self.conn.execute(query)).first()
+            if row and (best is None or (row.updated_at, row.pk) > (best.updated_at, best.pk)):
+                best = _conversation(row)
+        if best is not None and for_update:
+            return await self.get(tenant_id, best.id, for_update=True)
+        return best
+
+    async def create(
+        self,
+        tenant_id: str,
+        user_id: str,
+        conversation_id: str,
+        *,
+        now: datetime,
+        title: str | None = None,
+        fingerprint: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> ConversationRecord:
+        values: dict[str, Any] = {
+            "tenant_id": tenant_id,
+            "id": conversation_id,
+            "user_id": user_id,
+            "title": title,
+            "fingerprint": fingerprint,
+            "archived": False,
+            "chain_count": 0,
+            "chain_hash": "",
+            "next_seq": 1,
+            "created_at": now,
+            "updated_at": now,
+        }
+        try:
+            result = await self.conn.execute(
+                insert(C).values(**values, metadata=meta or {}).returning(C.c.pk)
+            )
+        except IntegrityError as exc:
+            raise ConflictError(f"conversation {conversation_id!r} exists") from exc
+        return ConversationRecord(pk=result.scalar_one(), meta=meta or {}, **values)
+
+    async def append(
+        self,
+        conversation: ConversationRecord,
+        user_id: str,
+        messages: Sequence[NewMessage],
+        *,
+        now: datetime,
+    ) -> ConversationRecord:
+        """Store messages after the conversation's last one and advance its chain.
+
+        The caller holds the conversation row (read `for_update` in this transaction) and has
+        computed each complete message's chain hash from `conversation.chain_hash`."""
+        if not messages:
+            return conversation
+        seq = conversation.next_seq
+        rows = []
+        chain_count, chain_hash = conversation.chain_count, conversation.chain_hash
+        for offset, m in enumerate(messages):
+            rows.append(
+                {
+                    "conversation_pk": conversation.pk,
+                    "tenant_id": conversation.tenant_id,
+                    "user_id": user_id,
+                    "seq": seq + offset,
+                    "role": m.role,
+                    "content": m.content,
+                    "name": m.name,
+                    "tool_calls": m.tool_calls,
+                    "tool_call_id": m.tool_call_id,
+                    "tokens": m.tokens,
+                    "status": m.status,
+                    "chain_hash": m.chain_hash,
+                    "exchange_id": m.exchange_id,
+                    "created_at": m.created_at or now,
+                    "metadata": m.meta,
+                }
+            )
+            if m.chain_hash is not None:
+                chain_count, chain_hash = chain_count + 1, m.chain_hash
+        await self.conn.execute(insert(M), rows)
+        changes: dict[str, Any] = {
+            "next_seq": seq + len(rows),
+            "chain_count": chain_count,
+            "chain_hash": chain_hash,
+            "updated_at": now,
+        }
+        await self.conn.execute(
+            update(C)
+            .where(C.c.tenant_id == conversation.tenant_id, C.c.pk == conversation.pk)
+            .values(**changes)
+        )
+        return replace(conversation, **changes)
+
+    async def tail(self, tenant_id: str, conversation_pk: int, limit: int) -> list[MessageRecord]:
+        """The newest `limit` messages of the chain, oldest first (one index range read)."""
+        query = (
+            select(*_MESSAGE_COLUMNS)
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.conversation_pk == conversation_pk,
+                M.c.status == "complete",
+            )
+            .order_by(M.c.seq.desc())
+            .limit(limit)
+        )
+        rows = (await self.conn.execute(query)).all()
+        return [_message(r) for r in reversed(rows)]
+
+    async def messages(
+        self, tenant_id: str, conversation_pk: int, *, after_seq: int = 0, limit: int = 100
+    ) -> list[MessageRecord]:
+        """Every message (partial replies included) in order, for the management API."""
+        query = (
+            select(*_MESSAGE_COLUMNS)
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.conversation_pk == conversation_pk,
+                M.c.seq > after_seq,
+            )
+            .order_by(M.c.seq)
+            .limit(limit)
+        )
+        return [_message(r) for r in (await self.conn.execute(query)).all()]
+
+    async def list(
+        self,
+        tenant_id: str,
+        user_id: str | None,
+        *,
+        after: ConversationRecord | None = None,
+        limit: int = 20,
+        include_archived: bool = True,
+    ) -> list[ConversationRecord]:
+        """Newest first; `after` continues a previous page."""
+        conditions = [C.c.tenant_id == tenant_id]
+        if user_id is not None:
+            conditions.append(C.c.user_id == user_id)
+        if not include_archived:
+            conditions.append(C.c.archived.is_(False))
+        if after is not None:
+            conditions.append(
+                or_(
+                    C.c.updated_at < after.updated_at,
+                    and_(C.c.updated_at == after.updated_at, C.c.pk < after.pk),
+                )
+            )
+        query = (
+            select(*_CONVERSATION_COLUMNS)
+            .where(*conditions)
+            .order_by(C.c.updated_at.desc(), C.c.pk.desc())
+            .limit(limit)
+        )
+        return [_conversation(r) for r in (await self.conn.execute(query)).all()]
+
+    async def update(
+        self, tenant_id: str, conversation_id: str, *, now: datetime, **changes: Any
+    ) -> ConversationRecord | None:
+        allowed = {k: v for k, v in changes.items() if k in ("title", "archived")}
+        if "meta" in changes:
+            allowed["metadata"] = changes["meta"]
+        await self.conn.execute(
+            update(C)
+            .where(C.c.tenant_id == tenant_id, C.c.id == conversation_id)
+            .values(**allowed, updated_at=now)
+        )
+        return await self.get(tenant_id, conversation_id)
+
+    async def delete(self, tenant_id: str, conversation_id: str) -> bool:
+        """Delete a conversation and its messages; its exchanges keep their figures."""
+        found = await self.get(tenant_id, conversation_id)
+        if found is None:
+            return False
+        await self.conn.execute(
+            delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
+        )
+        await self.conn.execute(
+            update(E)
+            .where(E.c.tenant_id == tenant_id, E.c.conversation_pk == found.pk)
+            .values(conversation_pk=None)
+        )
+        await self.conn.execute(delete(C).where(C.c.tenant_id == tenant_id, C.c.pk == found.pk))
+        return True
+
+    async def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
+        """Erase everything stored for one user of one tenant."""
+        messages = await self.conn.execute(
+            delete(M).where(M.c.tenant_id == tenant_id, M.c.user_id == user_id)
+        )
+        exchanges = await self.conn.execute(
+            delete(E).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
+        )
+        conversations = await self.conn.execute(
+            delete(C).where(C.c.tenant_id == tenant_id, C.c.user_id == user_id)
+        )
+        return {
+            "conversations": conversations.rowcount,
+            "messages": messages.rowcount,
+            "exchanges": exchanges.rowcount,
+        }
+
+    async def count_messages(self, tenant_id: str, conversation_pk: int) -> int:
+        query = select(func.count()).where(
+            M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk
+        )
+        return int((await self.conn.execute(query)).scalar_one())

@@ -1,0 +1,61 @@
+"""Exchange records: one per chat completion, tenant-scoped."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from storage.models import EXCHANGES
+from storage.records import ExchangeRecord, NewExchange
+from storage.repositories.rows import columns, utc_row
+
+E = EXCHANGES
+_COLUMNS = columns(E, ExchangeRecord)
+FINISH_FIELDS = frozenset(
+    {
+        "status",
+        "http_status",
+        "finished_at",
+        "latency_ms",
+        "ttft_ms",
+        "upstream_ms",
+        "attached",
+        "usage",
+        "prompt_tokens",
+        "completion_tokens",
+        "error",
+    }
+)
+
+
+class Exchanges:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    async def start(self, exchange: NewExchange) -> None:
+        await self.conn.execute(
+            insert(E).values(**dataclasses.asdict(exchange), status="in_progress")
+        )
+
+    async def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
+        unknown = set(fields) - FINISH_FIELDS
+        if unknown:
+            raise ValueError(f"not exchange fields: {sorted(unknown)}")
+        await self.conn.execute(
+            update(E)
+            .where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
+            .values(**fields)
+        )
+
+    async def get(self, tenant_id: str, request_id: str) -> ExchangeRecord | None:
+        query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
+        row = (await self.conn.execute(query)).first()
+        return ExchangeRecord(**utc_row(row)) if row else None
+
+    async def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
+        query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.idempotency_key == key)
+        row = (await self.conn.execute(query)).first()
+        return ExchangeRecord(**utc_row(row)) if row else None

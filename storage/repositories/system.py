@@ -1,0 +1,36 @@
+"""System tasks that span tenants on purpose: readiness, the crash sweeper.
+
+This is the one repository whose queries do not take a tenant; nothing here returns tenant
+content."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from storage.models import EXCHANGES
+
+E = EXCHANGES
+
+
+class SystemRepository:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    async def ping(self) -> None:
+        await self.conn.execute(text("SELECT 1"))
+
+    async def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
+        """Mark exchanges a crashed process left `in_progress` as `incomplete`."""
+        result = await self.conn.execute(
+            update(E)
+            .where(E.c.status == "in_progress", E.c.started_at < started_before)
+            .values(
+                status="incomplete",
+                finished_at=now,
+                error="abandoned: the proxy stopped mid-exchange",
+            )
+        )
+        return result.rowcount
