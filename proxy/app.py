@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
+import structlog
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
@@ -14,14 +16,33 @@ from litestar.openapi import OpenAPIConfig
 from policies.tokens import warm_up_tokenizers
 from proxy.access import access_hook
 from proxy.auth import KeyRing
+from proxy.catalog import ModelCatalog
 from proxy.config import Config
 from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
+from proxy.memory import ConversationMemory, now
 from proxy.offline import prepare_offline_environment
 from proxy.routes import openai, ops
 from proxy.state import AppState, build_upstream, new_http_client
+from storage import migrate
+from storage.database import Database
+from storage.repositories.system import SystemRepository
+
+log = structlog.get_logger("memproxy.app")
+STALE_EXCHANGE_AFTER = timedelta(minutes=15)
 
 EXPOSED_HEADERS = ["x-request-id", "x-upstream-request-id"]
+
+
+async def sweep_abandoned_exchanges(db: Database) -> None:
+    """Exchanges a crashed process left `in_progress` become `incomplete`. On SQLite only this
+    process writes, so all of them are abandoned; replicas sharing PostgreSQL may still be
+    serving theirs, so only those older than any stream could last are swept."""
+    cutoff = now() if db.is_sqlite else now() - STALE_EXCHANGE_AFTER
+    async with db.write() as conn:
+        swept = await SystemRepository(conn).sweep_in_progress(cutoff, now())
+    if swept:
+        log.warning("swept_abandoned_exchanges", count=swept)
 
 
 def create_app(config: Config) -> Litestar:
@@ -30,16 +51,33 @@ def create_app(config: Config) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        # Load the tokenizers now, not on the first request (a few hundred ms each).
+        # Load the tokenizers and the model map now, not on the first request.
         await asyncio.to_thread(warm_up_tokenizers)
-        async with new_http_client() as http:
-            state = AppState(config=config, keys=KeyRing(config), http=http)
-            state.upstreams = {
-                name: build_upstream(name, upstream, http)
-                for name, upstream in config.upstreams.items()
-            }
-            app.state.memproxy = state
-            yield
+        catalog = await asyncio.to_thread(ModelCatalog.load)
+        await asyncio.to_thread(migrate.upgrade, config.database.url)
+        db = Database(config.database.url)
+        try:
+            await sweep_abandoned_exchanges(db)
+            async with new_http_client() as http:
+                state = AppState(
+                    config=config,
+                    keys=KeyRing(config),
+                    http=http,
+                    db=db,
+                    memory=ConversationMemory(db),
+                    catalog=catalog,
+                )
+                state.upstreams = {
+                    name: build_upstream(name, upstream, http)
+                    for name, upstream in config.upstreams.items()
+                }
+                app.state.memproxy = state
+                try:
+                    yield
+                finally:
+                    await state.drain()
+        finally:
+            await db.dispose()
 
     cors = config.server.cors_origins
     return Litestar(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from litestar import Request, Response
@@ -12,35 +12,66 @@ from litestar.response import Stream
 
 from proxy.access import log_access, request_info
 from proxy.errors import ProxyError, sse_error_event
+from proxy.sse import DONE
 from proxy.upstream.base import UpstreamReply
 
 log = structlog.get_logger("memproxy.relay")
 _STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def to_response(request: Request[Any, Any, Any], reply: UpstreamReply) -> Response[Any]:
+class StreamObserver(Protocol):
+    """Watches a relayed stream; `finish` runs before the client sees `data: [DONE]`, so what
+    it stores is in place before the client can send its next request."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    async def finish(self, status: str, error: str | None) -> None: ...
+
+    def abandon(self) -> None:
+        """The client went away: finish in the background (this task is being cancelled)."""
+        ...
+
+
+class _Unobserved:
+    def feed(self, chunk: bytes) -> None:
+        pass
+
+    async def finish(self, status: str, error: str | None) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
+
+
+def to_response(
+    request: Request[Any, Any, Any],
+    reply: UpstreamReply,
+    *,
+    headers: dict[str, str] | None = None,
+    observer: StreamObserver | None = None,
+) -> Response[Any]:
+    out_headers = {**reply.headers, **(headers or {})}
     if reply.chunks is None:
         return Response(
             content=reply.body or b"",
             status_code=reply.status,
-            headers=reply.headers,
+            headers=out_headers,
             media_type=reply.media_type,
         )
-    headers = (
-        {**reply.headers, **_STREAM_HEADERS}
-        if reply.media_type.startswith("text/event-stream")
-        else reply.headers
-    )
+    if reply.media_type.startswith("text/event-stream"):
+        out_headers.update(_STREAM_HEADERS)
     return Stream(
-        relay(request, reply.chunks),
+        relay(request, reply.chunks, observer),
         status_code=reply.status,
-        headers=headers,
+        headers=out_headers,
         media_type=reply.media_type,
     )
 
 
 async def relay(
-    request: Request[Any, Any, Any], chunks: AsyncIterator[bytes]
+    request: Request[Any, Any, Any],
+    chunks: AsyncIterator[bytes],
+    observer: StreamObserver | None = None,
 ) -> AsyncIterator[bytes]:
     """Pass chunks on unchanged; a failure after the first byte becomes a final error event.
 
@@ -48,16 +79,39 @@ async def relay(
     the upstream connection and so cancels the upstream request.
     """
     info = request_info(request.scope)
+    finished = observer is None
+    observer = observer or _Unobserved()
     try:
         async for chunk in chunks:
-            yield chunk
+            at = -1 if finished else chunk.find(DONE)
+            if at < 0:
+                if not finished:
+                    observer.feed(chunk)
+                yield chunk
+                continue
+            # Hold `data: [DONE]` back until the observer has stored the reply. (A marker split
+            # across two network reads is missed here; the stream's end then finishes instead.)
+            if at:
+                observer.feed(chunk[:at])
+                yield chunk[:at]
+            finished = True
+            await observer.finish("complete", None)
+            yield chunk[at:]
+        if not finished:
+            finished = True
+            await observer.finish("complete", None)
     except ProxyError as exc:
         info.outcome = "upstream_error"
         log.warning("stream_broken", request_id=info.request_id, error=exc.message)
+        if not finished:
+            finished = True
+            await observer.finish("error", exc.message)
         yield sse_error_event(exc)
     except (asyncio.CancelledError, GeneratorExit):
         info.outcome = "client_disconnected"
         log_access(request.scope, info)
+        if not finished:
+            observer.abandon()
         raise
     finally:
         aclose = getattr(chunks, "aclose", None)

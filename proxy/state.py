@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from proxy.auth import KeyRing, Principal
+from proxy.catalog import ModelCatalog
 from proxy.config import Config, UpstreamConfig
+from proxy.memory import ConversationMemory
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
+from storage.database import Database
 
 
 @dataclass
@@ -19,10 +25,27 @@ class AppState:
     config: Config
     keys: KeyRing
     http: httpx.AsyncClient
+    db: Database
+    memory: ConversationMemory
+    catalog: ModelCatalog
     upstreams: dict[str, Upstream] = field(default_factory=dict)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def upstream_for(self, principal: Principal) -> Upstream:
         return self.upstreams[principal.tenant.upstream]
+
+    def context_window(self, model: str) -> int | None:
+        return self.catalog.context_window(model)
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run `work` in the background; shutdown waits for it."""
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self, seconds: float = 30.0) -> None:
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=seconds)
 
 
 def build_upstream(name: str, config: UpstreamConfig, http: httpx.AsyncClient) -> Upstream:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from proxy.app import create_app
-from proxy.config import Config, TenantConfig, UpstreamConfig
+from proxy.config import Config, DatabaseConfig, TenantConfig, UpstreamConfig
 from proxy.offline import prepare_offline_environment
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
@@ -34,9 +35,17 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect", guarded)
 
 
-def make_config(upstream: UpstreamConfig, **tenant: Any) -> Config:
-    """Tenant `t1` (keys: all scopes and chat-only) and tenant `t2`, both on `upstream`."""
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs in its own directory, so the default SQLite file is private to it."""
+    monkeypatch.chdir(tmp_path)
+
+
+def make_config(upstream: UpstreamConfig, *, database_url: str | None = None, **tenant: Any) -> Config:
+    """Tenant `t1` (keys: all scopes and chat-only) and tenant `t2`, both on `upstream`.
+    The database is `./memproxy.db` in the test's own directory unless `database_url` says."""
     return Config(
+        database=DatabaseConfig(url=database_url) if database_url else DatabaseConfig(),
         upstreams={"main": upstream, "echo": UpstreamConfig(kind="echo")},
         tenants={
             "t1": TenantConfig(

@@ -13,6 +13,7 @@ from litestar.params import FromPath
 
 from proxy.access import request_info
 from proxy.auth import Principal
+from proxy.completions import chat_completion
 from proxy.errors import NotFound
 from proxy.relay import to_response
 from proxy.requests import check_chat_request, parse_json_object
@@ -32,7 +33,7 @@ async def chat_completions(
     info = request_info(request.scope)
     model: str = body["model"]
     info.model = model
-    info.stream = stream = body.get("stream") is True
+    info.stream = body.get("stream") is True
     allowed = principal.tenant.models
     if allowed is not None and model not in allowed:
         raise NotFound(
@@ -40,11 +41,7 @@ async def chat_completions(
             param="model",
             code="model_not_found",
         )
-    upstream = services.upstream_for(principal)
-    started = time.perf_counter()
-    reply = await upstream.chat_completions(body, stream=stream)
-    info.upstream_ms = (time.perf_counter() - started) * 1000
-    return to_response(request, reply)
+    return await chat_completion(request, principal, services, body)
 
 
 @get("/v1/models", opt=CHAT, summary="List models")
