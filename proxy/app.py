@@ -22,7 +22,7 @@ from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.memory import ConversationMemory, now
 from proxy.offline import prepare_offline_environment
-from proxy.routes import openai, ops
+from proxy.routes import memory, openai, ops
 from proxy.state import AppState, build_upstream, new_http_client
 from storage import migrate
 from storage.database import Database
@@ -85,6 +85,7 @@ def create_app(config: Config) -> Litestar:
             openai.chat_completions,
             openai.list_models,
             openai.passthrough,
+            *memory.ROUTES,
             ops.healthz,
             ops.readyz,
         ],

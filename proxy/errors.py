@@ -5,6 +5,7 @@
     ├── AuthenticationFailed        401 invalid_api_key
     ├── PermissionDenied            403 insufficient_scope
     ├── NotFound                    404
+    ├── Conflict                    409
     ├── PayloadTooLarge             413
     ├── RateLimited                 429, with retry-after
     ├── ServiceUnavailable          503
@@ -69,6 +70,10 @@ class NotFound(ProxyError):
     status, type, code = 404, "invalid_request_error", "not_found"
 
 
+class Conflict(ProxyError):
+    status, type, code = 409, "invalid_request_error", "conflict"
+
+
 class PayloadTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
 
@@ -124,6 +129,7 @@ _HTTP_TYPES = {
     401: ("invalid_request_error", "invalid_api_key"),
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
+    409: ("invalid_request_error", "conflict"),
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
 }

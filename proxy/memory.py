@@ -21,6 +21,7 @@ from policies.identity import chain_hashes, chain_next, continues, fingerprint, 
 from policies.tokens import count_message, message_text
 from proxy.config import ContextSettings
 from proxy.errors import NotFound
+from proxy.requests import parse_timestamp
 from storage.database import Database
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
@@ -210,6 +211,33 @@ class ConversationMemory:
             ]
             turn.conversation = await conversations.append(conv, turn.user_id, rows, now=now())
         return idempotency_key if prior is None else None
+
+    async def import_messages(
+        self,
+        conn: AsyncConnection,
+        conversation: ConversationRecord,
+        messages: list[dict[str, Any]],
+        model: str = "",
+    ) -> ConversationRecord:
+        """Append messages to a conversation without calling a model (management API).
+        `conversation` must have been read `for_update` in this transaction."""
+        hashes = chain_hashes(messages, conversation.chain_hash)  # created_at is not hashed
+        rows = [
+            NewMessage(
+                role=str(m["role"]),
+                content=m.get("content"),
+                name=m.get("name"),
+                tool_calls=m.get("tool_calls"),
+                tool_call_id=m.get("tool_call_id"),
+                tokens=await count_tokens(m, model),
+                chain_hash=h,
+                created_at=parse_timestamp(m["created_at"], "created_at")
+                if "created_at" in m
+                else None,
+            )
+            for m, h in zip(messages, hashes, strict=True)
+        ]
+        return await Conversations(conn).append(conversation, conversation.user_id, rows, now=now())
 
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
         async with self.db.write() as conn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -33,31 +34,7 @@ def check_chat_request(body: dict[str, Any]) -> None:
     if not isinstance(model, str) or not model.strip():
         what = "missing" if model is None else f"{_kind(model)}, expected a non-empty string"
         raise BadRequest(f"'model' is {what}.", param="model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        what = (
-            "missing"
-            if messages is None
-            else ("empty" if messages == [] else f"{_kind(messages)}, expected an array")
-        )
-        raise BadRequest(f"'messages' is {what}; it must be a non-empty array.", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(
-                f"messages[{i}] is {_kind(message)}, expected an object.", param=f"messages[{i}]"
-            )
-        role = message.get("role")
-        if role not in ROLES:
-            raise BadRequest(
-                f"messages[{i}].role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
-                param=f"messages[{i}].role",
-            )
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(
-                f"messages[{i}].content is {_kind(content)}, expected a string or an array.",
-                param=f"messages[{i}].content",
-            )
+    check_messages(body.get("messages"))
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(f"'stream' is {_kind(stream)}, expected a boolean.", param="stream")
@@ -79,3 +56,60 @@ def _kind(value: Any) -> str:
         type(None): "null",
     }
     return names.get(type(value), type(value).__name__)
+
+
+def check_messages(messages: Any, param: str = "messages", *, imported: bool = False) -> None:
+    """A non-empty array of OpenAI chat messages whose stored fields have the right types.
+    Imported messages may also carry `created_at` (ISO 8601)."""
+    if not isinstance(messages, list) or not messages:
+        what = (
+            "missing"
+            if messages is None
+            else ("empty" if messages == [] else f"{_kind(messages)}, expected an array")
+        )
+        raise BadRequest(f"'{param}' is {what}; it must be a non-empty array.", param=param)
+    for i, message in enumerate(messages):
+        where = f"{param}[{i}]"
+        if not isinstance(message, dict):
+            raise BadRequest(f"{where} is {_kind(message)}, expected an object.", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise BadRequest(
+                f"{where}.role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
+                param=f"{where}.role",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise BadRequest(
+                f"{where}.content is {_kind(content)}, expected a string or an array.",
+                param=f"{where}.content",
+            )
+        for name in ("name", "tool_call_id"):
+            value = message.get(name)
+            if value is not None and (not isinstance(value, str) or len(value) > 256):
+                raise BadRequest(
+                    f"{where}.{name} must be a string of at most 256 characters.",
+                    param=f"{where}.{name}",
+                )
+        calls = message.get("tool_calls")
+        if calls is not None and (
+            not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)
+        ):
+            raise BadRequest(
+                f"{where}.tool_calls must be an array of objects.", param=f"{where}.tool_calls"
+            )
+        if imported and "created_at" in message:
+            parse_timestamp(message["created_at"], f"{where}.created_at")
+
+
+def parse_timestamp(value: Any, param: str) -> datetime:
+    """An ISO 8601 string (or unix seconds) as an aware UTC datetime."""
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value, UTC)
+        if isinstance(value, str):
+            parsed = datetime.fromisoformat(value)
+            return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except (ValueError, OverflowError, OSError):
+        pass
+    raise BadRequest(f"{param} must be an ISO 8601 date-time.", param=param)

@@ -265,6 +265,14 @@ class Conversations:
             "exchanges": exchanges.rowcount,
         }
 
+    async def message_seq(
+        self, tenant_id: str, conversation_pk: int, message_pk: int
+    ) -> int | None:
+        query = select(M.c.seq).where(
+            M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk, M.c.pk == message_pk
+        )
+        return (await self.conn.execute(query)).scalar_one_or_none()
+
     async def count_messages(self, tenant_id: str, conversation_pk: int) -> int:
         query = select(func.count()).where(
             M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk

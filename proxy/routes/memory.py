@@ -1,0 +1,321 @@
+"""The management API under /v1/memory/: conversations, their messages, erasing a user.
+
+Scope `manage`; every read and write is scoped by the caller's tenant, and an id that belongs
+to another tenant looks exactly like one that does not exist (404).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, delete, get, patch, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
+
+from proxy.auth import Principal
+from proxy.completions import CONVERSATION_ID
+from proxy.errors import BadRequest, Conflict, NotFound
+from proxy.memory import new_conversation_id, now
+from proxy.requests import check_messages, parse_json_object
+from proxy.state import AppState
+from storage.errors import ConflictError
+from storage.records import ConversationRecord, MessageRecord
+from storage.repositories.conversations import Conversations
+
+MANAGE = {"scope": "manage"}
+MAX_PAGE = 100
+
+
+def _json(payload: Any, status: int = 200) -> Response[Any]:
+    return Response(
+        content=msgspec.json.encode(payload), status_code=status, media_type="application/json"
+    )
+
+
+def conversation_object(c: ConversationRecord) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "object": "memory.conversation",
+        "user": c.user_id,
+        "title": c.title,
+        "archived": c.archived,
+        "message_count": c.chain_count,
+        "created_at": int(c.created_at.timestamp()),
+        "updated_at": int(c.updated_at.timestamp()),
+        "metadata": c.meta,
+    }
+
+
+def message_object(conversation_id: str, m: MessageRecord) -> dict[str, Any]:
+    return {
+        "id": f"msg_{m.pk}",
+        "object": "memory.message",
+        "conversation_id": conversation_id,
+        "seq": m.seq,
+        **m.to_openai(),
+        "status": m.status,
+        "tokens": m.tokens,
+        "exchange_id": m.exchange_id,
+        "created_at": int(m.created_at.timestamp()),
+    }
+
+
+def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """OpenAI's list shape; callers fetch `limit + 1` rows to learn `has_more`."""
+    shown = data[:limit]
+    return {
+        "object": "list",
+        "data": shown,
+        "has_more": len(data) > limit,
+        "first_id": shown[0]["id"] if shown else None,
+        "last_id": shown[-1]["id"] if shown else None,
+    }
+
+
+def _limit(request: Request[Any, Any, Any], default: int = 20) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+        raise BadRequest(f"limit must be an integer from 1 to {MAX_PAGE}.", param="limit")
+    return int(raw)
+
+
+def _user(value: Any, param: str = "user") -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 256:
+        raise BadRequest(
+            f"'{param}' must be a non-empty string of at most 256 characters.", param=param
+        )
+    return value
+
+
+def _not_found(conversation_id: str) -> NotFound:
+    return NotFound(
+        f"No conversation found with id '{conversation_id}'.", code="conversation_not_found"
+    )
+
+
+async def _conversation(
+    conn: Any, tenant_id: str, conversation_id: str, *, for_update: bool = False
+) -> ConversationRecord:
+    found = await Conversations(conn).get(tenant_id, conversation_id, for_update=for_update)
+    if found is None:
+        raise _not_found(conversation_id)
+    return found
+
+
+@get("/v1/memory/conversations", opt=MANAGE, summary="List a user's conversations, newest first")
+async def list_conversations(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    user = request.query_params.get("user")
+    if user is not None:
+        _user(user)
+    limit = _limit(request)
+    after = request.query_params.get("after")
+    async with services.db.read() as conn:
+        repo = Conversations(conn)
+        cursor = await repo.get(principal.tenant_id, after) if after else None
+        if after and cursor is None:
+            raise BadRequest(f"after: no conversation '{after}'.", param="after")
+        rows = await repo.list(principal.tenant_id, user, after=cursor, limit=limit + 1)
+    return _json(page([conversation_object(c) for c in rows], limit))
+
+
+@post(
+    "/v1/memory/conversations",
+    opt=MANAGE,
+    summary="Create a conversation, optionally importing messages",
+)
+async def create_conversation(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    body = parse_json_object(await request.body())
+    user = _user(body.get("user"))
+    conversation_id = body.get("id")
+    if conversation_id is not None and (
+        not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id)
+    ):
+        raise BadRequest("id must be 1-128 characters of A-Z a-z 0-9 . _ : -", param="id")
+    title = body.get("title")
+    if title is not None and (not isinstance(title, str) or len(title) > 512):
+        raise BadRequest("title must be a string of at most 512 characters.", param="title")
+    messages = body.get("messages")
+    if messages is not None:
+        check_messages(messages, imported=True)
+    try:
+        async with services.db.write() as conn:
+            created = await Conversations(conn).create(
+                principal.tenant_id,
+                user,
+                conversation_id or new_conversation_id(),
+                now=now(),
+                title=title,
+            )
+            if messages:
+                created = await services.memory.import_messages(conn, created, messages)
+    except ConflictError:
+        raise Conflict(
+            f"A conversation with id '{conversation_id}' already exists.",
+            param="id",
+            code="conversation_exists",
+        ) from None
+    return _json(conversation_object(created), 201)
+
+
+@get("/v1/memory/conversations/{conversation_id:str}", opt=MANAGE, summary="Get a conversation")
+async def get_conversation(
+    conversation_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    async with services.db.read() as conn:
+        found = await _conversation(conn, principal.tenant_id, conversation_id)
+    return _json(conversation_object(found))
+
+
+@patch(
+    "/v1/memory/conversations/{conversation_id:str}",
+    opt=MANAGE,
+    summary="Rename or archive a conversation",
+)
+async def update_conversation(
+    request: Request[Any, Any, Any],
+    conversation_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    body = parse_json_object(await request.body())
+    changes: dict[str, Any] = {}
+    if "title" in body:
+        if body["title"] is not None and (
+            not isinstance(body["title"], str) or len(body["title"]) > 512
+        ):
+            raise BadRequest("title must be a string of at most 512 characters.", param="title")
+        changes["title"] = body["title"]
+    if "archived" in body:
+        if not isinstance(body["archived"], bool):
+            raise BadRequest("archived must be a boolean.", param="archived")
+        changes["archived"] = body["archived"]
+    if "metadata" in body:
+        if not isinstance(body["metadata"], dict):
+            raise BadRequest("metadata must be an object.", param="metadata")
+        changes["meta"] = body["metadata"]
+    unknown = set(body) - {"title", "archived", "metadata"}
+    if unknown:
+        raise BadRequest(f"Unknown field '{sorted(unknown)[0]}'.", param=sorted(unknown)[0])
+    async with services.db.write() as conn:
+        await _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
+        updated = await Conversations(conn).update(
+            principal.tenant_id, conversation_id, now=now(), **changes
+        )
+    assert updated is not None
+    return _json(conversation_object(updated))
+
+
+@delete(
+    "/v1/memory/conversations/{conversation_id:str}",
+    opt=MANAGE,
+    status_code=200,
+    summary="Delete a conversation",
+)
+async def delete_conversation(
+    conversation_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    async with services.db.write() as conn:
+        if not await Conversations(conn).delete(principal.tenant_id, conversation_id):
+            raise _not_found(conversation_id)
+    return _json({"id": conversation_id, "object": "memory.conversation.deleted", "deleted": True})
+
+
+@get(
+    "/v1/memory/conversations/{conversation_id:str}/messages",
+    opt=MANAGE,
+    summary="List messages in order",
+)
+async def list_messages(
+    request: Request[Any, Any, Any],
+    conversation_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    limit = _limit(request, default=100)
+    after = request.query_params.get("after")
+    async with services.db.read() as conn:
+        found = await _conversation(conn, principal.tenant_id, conversation_id)
+        repo = Conversations(conn)
+        after_seq = 0
+        if after:
+            pk = after.removeprefix("msg_")
+            seq = (
+                await repo.message_seq(principal.tenant_id, found.pk, int(pk))
+                if pk.isdigit()
+                else None
+            )
+            if seq is None:
+                raise BadRequest(
+                    f"after: no message '{after}' in this conversation.", param="after"
+                )
+            after_seq = seq
+        rows = await repo.messages(
+            principal.tenant_id, found.pk, after_seq=after_seq, limit=limit + 1
+        )
+    return _json(page([message_object(conversation_id, m) for m in rows], limit))
+
+
+@post(
+    "/v1/memory/conversations/{conversation_id:str}/messages", opt=MANAGE, summary="Append messages"
+)
+async def append_messages(
+    request: Request[Any, Any, Any],
+    conversation_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    body = parse_json_object(await request.body())
+    messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]
+    check_messages(messages, imported=True)
+    async with services.db.write() as conn:
+        found = await _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
+        first_new = found.next_seq
+        updated = await services.memory.import_messages(conn, found, messages)
+        rows = await Conversations(conn).messages(
+            principal.tenant_id, updated.pk, after_seq=first_new - 1, limit=len(messages)
+        )
+    return _json(page([message_object(conversation_id, m) for m in rows], len(rows) or 1), 201)
+
+
+@delete(
+    "/v1/memory/users/{user_id:str}",
+    opt=MANAGE,
+    status_code=200,
+    summary="Erase everything stored for a user",
+)
+async def delete_user(
+    user_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    _user(user_id, "user_id")
+    async with services.db.write() as conn:
+        counts = await Conversations(conn).delete_user(principal.tenant_id, user_id)
+    return _json({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
+
+
+ROUTES = [
+    list_conversations,
+    create_conversation,
+    get_conversation,
+    update_conversation,
+    delete_conversation,
+    list_messages,
+    append_messages,
+    delete_user,
+]
