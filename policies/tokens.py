@@ -60,6 +60,14 @@ def count_message(message: dict[str, Any], model: str = "") -> int:
     return TOKENS_PER_MESSAGE + count_text(message_text(message), model)
 
 
+def upper_bound_tokens(messages: list[dict[str, Any]]) -> int:
+    """A cheap bound that no encoding exceeds (a token is at least one byte), so a precise
+    count is needed only when the bound alone says a prompt might not fit."""
+    return (
+        sum(TOKENS_PER_MESSAGE + len(message_text(m).encode()) for m in messages) + TOKENS_PER_REPLY
+    )
+
+
 def count_messages(messages: list[dict[str, Any]], model: str = "") -> int:
     """Prompt tokens of a chat request, as the provider would count them (approximately)."""
     return sum(count_message(m, model) for m in messages) + TOKENS_PER_REPLY

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import structlog
 from litestar import Request, Response
 
 from policies.context import Assembly, Budget, assemble
-from policies.tokens import count_messages
+from policies.tokens import count_messages, upper_bound_tokens
 from proxy.access import RequestInfo, request_info
 from proxy.auth import Principal
 from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
@@ -166,7 +167,11 @@ async def chat_completion(
             context_window=window,
             reserve_tokens=_reserve(body),
         )
-        client_tokens = count_messages(messages, model) if window is not None else None
+        client_tokens = None
+        if window is not None:
+            client_tokens = upper_bound_tokens(messages)
+            if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
+                client_tokens = await asyncio.to_thread(count_messages, messages, model)
         assembly = assemble(messages, turn.history, budget, client_tokens)
         body = {**body, "messages": assembly.messages}
     attached = {

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.tokens import count_messages, count_text, encoding_name, upper_bound_tokens
+
+
+def test_model_families_get_their_encoding() -> None:
+    assert encoding_name("gpt-4o-mini") == "o200k_base"
+    assert encoding_name("openai/gpt-4.1") == "o200k_base"
+    assert encoding_name("gpt-4") == "cl100k_base"
+    assert encoding_name("anthropic/claude-3-5-haiku") == "cl100k_base"
+
+
+def test_counts_are_real_tiktoken_counts() -> None:
+    assert count_text("hello world", "gpt-4") == 2
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}],
+    }
+    assert count_messages([message], "gpt-4") > 3 + 3  # the call's name and arguments count
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(
+    st.lists(st.text(max_size=200), min_size=1, max_size=5), st.sampled_from(["gpt-4", "gpt-4o"])
+)
+def test_upper_bound_never_undercounts(texts: list[str], model: str) -> None:
+    messages = [{"role": "user", "content": t} for t in texts]
+    assert upper_bound_tokens(messages) >= count_messages(messages, model)
