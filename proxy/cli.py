@@ -31,11 +31,19 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("--config")
+    migrate = sub.add_parser("migrate", help="apply database migrations and exit")
+    migrate.add_argument("--config")
     args = parser.parse_args(argv)
 
     config = _load(args.config)
     if args.command == "check-config":
         print(f"ok: {len(config.tenants)} tenants, upstreams: {', '.join(config.upstreams)}")
+        return
+    if args.command == "migrate":
+        from storage.migrate import upgrade
+
+        upgrade(config.database.url)
+        print("ok: database is at the latest schema")
         return
 
     import uvicorn

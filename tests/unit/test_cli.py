@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from proxy.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_check_config_accepts_the_shipped_file(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["check-config", "--config", str(REPO / "config.yaml")])
+    assert capsys.readouterr().out.startswith("ok: 1 tenants")
+
+
+def test_bad_config_exits_2_with_one_line_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("tenants:\n  a: {api_keys: [k], context: {token_budget: lots}}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check-config", "--config", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tenants.a.context.token_budget" in err
+
+
+def test_config_path_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("tenants:\n  a: {api_keys: [k]}\n  b: {api_keys: [k2]}\n")
+    monkeypatch.setenv("MEMPROXY_CONFIG", str(path))
+    main(["check-config"])
+    assert capsys.readouterr().out.startswith("ok: 2 tenants")
+
+
+def test_migrate_creates_the_schema(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f'database: {{url: "sqlite+aiosqlite:///{db}"}}\ntenants:\n  a: {{api_keys: [k]}}\n'
+    )
+    main(["migrate", "--config", str(path)])
+    tables = {
+        r[0]
+        for r in sqlite3.connect(db).execute("select name from sqlite_master where type='table'")
+    }
+    assert {"conversations", "messages", "exchanges", "alembic_version"} <= tables
