@@ -31,10 +31,18 @@ _RENAME = {"x-request-id": "x-upstream-request-id"}
 
 def passthrough_headers(raw: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Upstream headers as the client should see them (names lower-cased)."""
+    items = list(raw)
+    # Headers named in `Connection` are hop-by-hop too (RFC 9110 7.6.1).
+    nominated = {
+        token.strip().lower()
+        for name, value in items
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
     out: dict[str, str] = {}
-    for name, value in raw:
+    for name, value in items:
         lname = name.lower()
-        if lname in _DROP:
+        if lname in _DROP or lname in nominated:
             continue
         out[_RENAME.get(lname, lname)] = value
     return out
