@@ -1,0 +1,88 @@
+"""Extract the OpenAI response schemas the tests validate against from the official spec.
+
+    python tests/data/extract_openai_schemas.py [SPEC] [OUT]
+
+SPEC defaults to ../shared/reference/openai-openapi.json (next to the repository), OUT to
+tests/data/openai-schemas.json. The output holds the named component schemas and every schema
+they reach through `$ref`, unchanged except that documentation-only keys are dropped; it is
+committed so that the tests do not depend on the spec being present.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOTS = (
+    "CreateChatCompletionResponse",
+    "CreateChatCompletionStreamResponse",
+    "ErrorResponse",
+    "ListModelsResponse",
+)
+# Keys that only document a schema; none of them changes what validates.
+_DOC_KEYS = frozenset({"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel"})
+_PREFIX = "#/components/schemas/"
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_SPEC = HERE.parents[2] / "shared" / "reference" / "openai-openapi.json"
+DEFAULT_OUT = HERE / "openai-schemas.json"
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return found + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
+
+
+def _strip_docs(node: Any, *, in_properties: bool = False) -> Any:
+    # Inside `properties` the keys are field names (a field may be called "description").
+    if isinstance(node, dict):
+        return {
+            key: _strip_docs(value, in_properties=key == "properties" and not in_properties)
+            for key, value in node.items()
+            if in_properties or key not in _DOC_KEYS
+        }
+    if isinstance(node, list):
+        return [_strip_docs(value) for value in node]
+    return node
+
+
+def extract(spec: dict[str, Any], roots: tuple[str, ...] = ROOTS) -> dict[str, Any]:
+    """The closure of `roots` under `$ref`, as `{"components": {"schemas": {...}}}`."""
+    available = spec["components"]["schemas"]
+    wanted: dict[str, Any] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in wanted:
+            continue
+        wanted[name] = available[name]
+        for ref in _refs(available[name]):
+            if not ref.startswith(_PREFIX):
+                raise ValueError(f"{name}: unsupported $ref {ref!r}")
+            todo.append(ref[len(_PREFIX) :])
+    return {
+        "source": "OpenAI OpenAPI spec, components.schemas",
+        "openapi": spec.get("openapi"),
+        "spec_version": spec.get("info", {}).get("version"),
+        "roots": list(roots),
+        "components": {"schemas": {n: _strip_docs(wanted[n]) for n in sorted(wanted)}},
+    }
+
+
+def main(argv: list[str]) -> None:
+    spec_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_SPEC
+    out_path = Path(argv[2]) if len(argv) > 2 else DEFAULT_OUT
+    document = extract(json.loads(spec_path.read_text()))
+    out_path.write_text(json.dumps(document, indent=1) + "\n")
+    count = len(document["components"]["schemas"])
+    sys.stderr.write(f"wrote {count} schemas to {out_path}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
