@@ -1,0 +1,601 @@
+"""memproxy's added latency against the floor of any Python proxy, measured in one run.
+
+Three targets answer the same chat completion requests:
+
+    direct     the fake upstream itself (no proxy: the baseline)
+    floor      bench/floor_proxy.py, a bare Litestar + httpx pass-through, in front of it
+    memproxy   `memproxy serve`, its tenant on an `openai` upstream pointing at the fake
+
+Every server runs in its own process (uvicorn with uvloop and httptools) so none shares a GIL
+with this load generator. Each target has its own keep-alive httpx client and is warmed up
+first. Four scenarios: non-stream and stream, sequential and 32 concurrent clients.
+Sequentially the targets take turns request by request; concurrently they take turns in short
+segments (every client sends a few requests to one target, then the next target), so each
+target sees its own 32 clients and drift on this noisy machine hits all three alike.
+
+"Added" is a target's p50 (or time to first token) minus direct's. The target: memproxy's
+added p50 and added TTFT at most 1.25x the floor's from the same run, and no buffering (the
+first chunk of a stream reaches the client before the upstream has finished it). Compare
+figures only within one run.
+
+    .venv/bin/python bench/overhead.py [--requests 300] [--json figures.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+
+from bench import http1
+from bench.fake_upstream import TAIL_MODEL
+from bench.http1 import ProtocolError
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+TARGET_RATIO = 1.25
+API_KEY = "bench-key"
+CHAT_PATH = "/v1/chat/completions"
+# The fake answers "fake reply to: <prompt>" one word per chunk: with the role chunk, the stop
+# chunk and [DONE], this prompt makes a stream of 10 chunks.
+PROMPT = "say hi please now"
+TARGETS = ("direct", "floor", "memproxy")
+SCENARIOS = (
+    ("non-stream seq", False, False),
+    ("stream seq", True, False),
+    ("non-stream c32", False, True),
+    ("stream c32", True, True),
+)
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def spawn(name: str, command: list[str], port: int, logdir: Path) -> Server:
+    log = logdir / f"{name}.log"
+    # The code of this checkout, also when the installed `memproxy` points at another one.
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    return Server(name, port, process, log)
+
+
+def wait_ready(server: Server, timeout: float = 60.0) -> None:
+    """uvicorn binds its socket only once the app's startup is done: a connect means ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            tail = server.log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"{server.name} exited at startup:\n{tail}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", server.port)):
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"{server.name} did not start within {timeout:.0f} s (log: {server.log})")
+
+
+def memproxy_command() -> list[str]:
+    script = Path(sys.executable).parent / "memproxy"
+    found = str(script) if script.exists() else shutil.which("memproxy")
+    return [found] if found else [sys.executable, "-m", "proxy.cli"]
+
+
+def memproxy_config(upstream: str, workdir: Path) -> str:
+    return (
+        f'database: {{url: "sqlite+aiosqlite:///{workdir}/memproxy.db"}}\n'
+        "upstreams:\n"
+        f"  fake: {{kind: openai, base_url: {upstream}/v1, api_key: bench-upstream-key}}\n"
+        "defaults: {upstream: fake}\n"
+        f"tenants:\n  bench: {{api_keys: [{API_KEY}]}}\n"
+    )
+
+
+@contextlib.contextmanager
+def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
+    """The fake upstream, the floor and memproxy, each in its own process; stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix="memproxy-bench-") as tmp:
+        workdir = Path(tmp)
+        logdir = Path(args.logs) if args.logs else workdir
+        logdir.mkdir(parents=True, exist_ok=True)
+        started: list[Server] = []
+        try:
+            port = free_port()
+            fake = spawn(
+                "upstream",
+                [
+                    sys.executable,
+                    str(BENCH / "fake_upstream.py"),
+                    f"--port={port}",
+                    f"--chunk-delay={args.chunk_delay}",
+                    f"--tail={args.tail}",
+                ],
+                port,
+                logdir,
+            )
+            started.append(fake)
+            port = free_port()
+            started.append(
+                spawn(
+                    "floor",
+                    [
+                        sys.executable,
+                        str(BENCH / "floor_proxy.py"),
+                        f"--upstream={fake.url}/v1",
+                        f"--port={port}",
+                    ],
+                    port,
+                    logdir,
+                )
+            )
+            config = workdir / "config.yaml"
+            config.write_text(memproxy_config(fake.url, workdir))
+            port = free_port()
+            started.append(
+                spawn(
+                    "memproxy",
+                    [
+                        *memproxy_command(),
+                        "serve",
+                        f"--config={config}",
+                        f"--port={port}",
+                        f"--log-level={args.memproxy_log_level}",
+                        "--log-format=json",
+                    ],
+                    port,
+                    logdir,
+                )
+            )
+            for server in started:
+                wait_ready(server)
+            yield {"direct": started[0], "floor": started[1], "memproxy": started[2]}
+        finally:
+            for server in started:
+                server.process.terminate()
+            for server in started:
+                try:
+                    server.process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    server.process.kill()
+                    server.process.wait()
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+class Reply(Protocol):
+    status_code: int
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+
+@dataclass
+class Target:
+    name: str
+    post: Callable[[bytes], AbstractAsyncContextManager[Reply]]
+    close: Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Sample:
+    latency: float  # seconds, request sent to body complete
+    ttft: float | None  # seconds to the first chunk with content (streams only)
+
+
+@dataclass
+class Samples:
+    ok: list[Sample] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def payload(stream: bool, model: str = "gpt-4o-mini") -> bytes:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+BODIES = {False: payload(False), True: payload(True)}
+
+
+def first_content(buffer: bytes) -> tuple[bool, bytes]:
+    """Whether a complete SSE event in `buffer` carries content; the unparsed rest."""
+    while b"\n\n" in buffer:
+        event, buffer = buffer.split(b"\n\n", 1)
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            continue
+        choices = json.loads(event[6:]).get("choices") or [{}]
+        if (choices[0].get("delta") or {}).get("content"):
+            return True, buffer
+    return False, buffer
+
+
+async def measure(target: Target, stream: bool) -> Sample:
+    """One request; raises on anything but a complete 200 reply with content."""
+    ttft: float | None = None
+    buffer = b""
+    started = time.perf_counter()
+    async with target.post(BODIES[stream]) as response:
+        async for chunk in response.aiter_raw():
+            if ttft is None:
+                buffer += chunk
+                if stream and response.status_code == 200:
+                    found, buffer = first_content(buffer)
+                    if found:
+                        ttft = time.perf_counter() - started
+    latency = time.perf_counter() - started
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.status_code} {buffer[:200]!r}")
+    if stream and ttft is None:
+        raise RuntimeError("stream ended without a content chunk")
+    if not stream and b'"content"' not in buffer:
+        raise RuntimeError(f"reply without content: {buffer[:200]!r}")
+    return Sample(latency, ttft)
+
+
+async def record(target: Target, stream: bool, into: dict[str, Samples]) -> None:
+    try:
+        into[target.name].ok.append(await measure(target, stream))
+    except (OSError, httpx.HTTPError, ProtocolError, RuntimeError, ValueError) as exc:
+        into[target.name].errors.append(f"{type(exc).__name__}: {exc}")
+
+
+def rotated(targets: list[Target], i: int) -> list[Target]:
+    """The targets in turn, each round starting with the next one, so none always goes first."""
+    k = i % len(targets)
+    return targets[k:] + targets[:k]
+
+
+async def sequential(targets: list[Target], n: int, stream: bool) -> dict[str, Samples]:
+    out = {t.name: Samples() for t in targets}
+    for i in range(n):
+        for target in rotated(targets, i):
+            await record(target, stream, out)
+    return out
+
+
+async def concurrent(
+    targets: list[Target], n: int, stream: bool, clients: int, segment: int
+) -> dict[str, Samples]:
+    """`clients` concurrent clients per target, targets taking turns every `segment` requests
+    per client; about `n` requests per target."""
+    out = {t.name: Samples() for t in targets}
+
+    async def client_loop(target: Target) -> None:
+        for _ in range(segment):
+            await record(target, stream, out)
+
+    rounds = max(1, math.ceil(n / (clients * segment)))
+    for r in range(rounds):
+        for target in rotated(targets, r):
+            await asyncio.gather(*(client_loop(target) for _ in range(clients)))
+    return out
+
+
+async def no_buffering(target: Target) -> dict[str, Any]:
+    """Stream a reply whose upstream waits `--tail` s before its end: the first chunk must
+    reach the client before the upstream's end, not with it."""
+    first_ns: int | None = None
+    end_ns: int | None = None
+    buffer = b""
+    async with target.post(payload(True, TAIL_MODEL)) as response:
+        async for chunk in response.aiter_raw():
+            if first_ns is None:
+                first_ns = time.monotonic_ns()
+            buffer += chunk
+    for event in buffer.split(b"\n\n"):
+        if b"upstream_end_ns" in event:
+            end_ns = json.loads(event[6:])["upstream_end_ns"]
+    if first_ns is None or end_ns is None:
+        return {"pass": False, "first_chunk_before_end_ms": None, "detail": buffer[:200].decode()}
+    lead = (end_ns - first_ns) / 1e6
+    return {"pass": lead > 0, "first_chunk_before_end_ms": round(lead, 1)}
+
+
+# -- figures -------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux); None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (name)": state is field 3
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low = math.floor(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def summarize(
+    samples: dict[str, Samples], stream: bool, cpu: dict[str, float | None]
+) -> dict[str, Any]:
+    """Percentiles per target, what each proxy adds over direct, and memproxy's ratios to the
+    floor. `cpu` is each proxy process's CPU seconds over the scenario."""
+    stats: dict[str, dict[str, Any]] = {}
+    for name, s in samples.items():
+        latencies = [x.latency for x in s.ok]
+        ttfts = [x.ttft for x in s.ok if x.ttft is not None]
+        stats[name] = {
+            "n": len(s.ok),
+            "errors": len(s.errors),
+            "first_error": s.errors[0] if s.errors else None,
+            "p50_ms": ms(percentile(latencies, 0.5)) if latencies else None,
+            "p99_ms": ms(percentile(latencies, 0.99)) if latencies else None,
+            "ttft_p50_ms": ms(percentile(ttfts, 0.5)) if stream and ttfts else None,
+            "ttft_p99_ms": ms(percentile(ttfts, 0.99)) if stream and ttfts else None,
+        }
+        used = cpu.get(name)
+        sent = len(s.ok) + len(s.errors)
+        stats[name]["cpu_ms_per_request"] = ms(used / sent) if used is not None and sent else None
+    base = stats["direct"]
+    for name in ("floor", "memproxy"):
+        for key in ("p50_ms", "ttft_p50_ms"):
+            value, direct = stats[name][key], base[key]
+            added = None if value is None or direct is None else round(value - direct, 3)
+            stats[name]["added_" + key] = added
+    ratios: dict[str, float | None] = {}
+    for key in ("added_p50_ms", "added_ttft_p50_ms"):
+        floor, mine = stats["floor"][key], stats["memproxy"][key]
+        ratios[key] = None if floor is None or mine is None or floor <= 0 else mine / floor
+    checked = [r for k, r in ratios.items() if stream or k == "added_p50_ms"]
+    floor_cpu, mine_cpu = (
+        stats["floor"]["cpu_ms_per_request"],
+        stats["memproxy"]["cpu_ms_per_request"],
+    )
+    ratio_cpu = mine_cpu / floor_cpu if floor_cpu and mine_cpu is not None else None
+    met = all(r is not None and r <= TARGET_RATIO for r in checked)
+    return {
+        "targets": stats,
+        "ratio_p50": None if ratios["added_p50_ms"] is None else round(ratios["added_p50_ms"], 3),
+        "ratio_ttft": (
+            None
+            if not stream or ratios["added_ttft_p50_ms"] is None
+            else round(ratios["added_ttft_p50_ms"], 3)
+        ),
+        "ratio_cpu": None if ratio_cpu is None else round(ratio_cpu, 3),
+        "target_met": met,
+    }
+
+
+def fmt(value: float | None, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.2f}" if sign else f"{value:.2f}"
+
+
+def ratio_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def table(results: dict[str, dict[str, Any]], buffering: dict[str, dict[str, Any]]) -> str:
+    head = (
+        f"{'scenario':<16}{'target':<10}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttft p50':>10}"
+        f"{'added p50':>11}{'added ttft':>12}{'cpu/req':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for scenario, result in results.items():
+        for i, name in enumerate(TARGETS):
+            s = result["targets"][name]
+            errors = f"  ({s['errors']} errors: {s['first_error']})" if s["errors"] else ""
+            lines.append(
+                f"{scenario if i == 0 else '':<16}{name:<10}{s['n']:>6}{fmt(s['p50_ms']):>9}"
+                f"{fmt(s['p99_ms']):>9}{fmt(s['ttft_p50_ms']):>10}"
+                f"{fmt(s.get('added_p50_ms'), True):>11}"
+                f"{fmt(s.get('added_ttft_p50_ms'), True):>12}"
+                f"{fmt(s['cpu_ms_per_request']):>9}{errors}"
+            )
+        verdict = "met" if result["target_met"] else "NOT met"
+        ttft = f", ttft {ratio_text(result['ratio_ttft'])}" if result["ratio_ttft"] else ""
+        lines.append(
+            f"{'':<16}memproxy added / floor added: p50 {ratio_text(result['ratio_p50'])}"
+            f"{ttft}  -> <= {TARGET_RATIO}x {verdict}"
+            f"   (cpu/req {ratio_text(result['ratio_cpu'])})"
+        )
+        lines.append("")
+    lines.append("no buffering (first chunk reaches the client before the upstream's end):")
+    for name, check in buffering.items():
+        lead = check["first_chunk_before_end_ms"]
+        detail = "no first chunk" if lead is None else f"first chunk {lead:.1f} ms before the end"
+        lines.append(f"  {name:<10}{'PASS' if check['pass'] else 'FAIL'}  {detail}")
+    return "\n".join(lines)
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def httpx_post(client: httpx.AsyncClient) -> Callable[[bytes], AbstractAsyncContextManager[Reply]]:
+    def post(body: bytes) -> AbstractAsyncContextManager[Reply]:
+        return client.stream("POST", CHAT_PATH, content=body)
+
+    return post
+
+
+def targets_for(servers_: dict[str, Server], args: argparse.Namespace) -> list[Target]:
+    """One keep-alive client per target."""
+    targets = []
+    for name in TARGETS:
+        headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+        if name == "memproxy" and args.memory_mode:
+            headers["x-memory-mode"] = args.memory_mode
+        base = servers_[name].url
+        if args.client == "httpx":
+            pool = args.concurrency * 2
+            limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
+            client = httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=60)
+            targets.append(Target(name, httpx_post(client), client.aclose))
+        else:
+            raw = http1.Client(base, headers)
+            targets.append(Target(name, partial(raw.post, CHAT_PATH), raw.aclose))
+    return targets
+
+
+async def run(args: argparse.Namespace, servers_: dict[str, Server]) -> dict[str, Any]:
+    targets = targets_for(servers_, args)
+    try:
+        # Every code path once, before anything counts.
+        for stream in (False, True):
+            await sequential(targets, args.warmup, stream)
+        results: dict[str, dict[str, Any]] = {}
+        pids = {name: servers_[name].process.pid for name in ("floor", "memproxy")}
+        for scenario, stream, parallel in SCENARIOS:
+            # Warm the connections this scenario needs, the proxies' upstream pools included
+            # (uvicorn closes connections idle for 5 s, e.g. during the sequential stream run).
+            if parallel:
+                await concurrent(targets, args.concurrency * 2, stream, args.concurrency, 2)
+            else:
+                await sequential(targets, args.warmup // 3 + 1, stream)
+            gc.collect()
+            started = time.monotonic()
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            if parallel:
+                samples = await concurrent(
+                    targets, args.concurrent_requests, stream, args.concurrency, args.segment
+                )
+            else:
+                samples = await sequential(targets, args.requests, stream)
+            cpu: dict[str, float | None] = {}
+            for name, pid in pids.items():
+                before, after = cpu_before[name], cpu_seconds(pid)
+                cpu[name] = None if before is None or after is None else after - before
+            results[scenario] = summarize(samples, stream, cpu)
+            took = time.monotonic() - started
+            print(f"  {scenario}: {took:.1f} s", file=sys.stderr, flush=True)
+        buffering = {t.name: await no_buffering(t) for t in targets}
+        return {"scenarios": results, "no_buffering": buffering}
+    finally:
+        for target in targets:
+            await target.close()
+
+
+def run_loop(main: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[str, Any]:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="memproxy's added latency vs a bare pass-through, in one interleaved run."
+    )
+    parser.add_argument("--requests", type=int, default=300, help="per target, sequential")
+    parser.add_argument(
+        "--concurrent-requests", type=int, default=960, help="about this many per target, c32"
+    )
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--segment", type=int, default=5, help="requests per client before the next target"
+    )
+    parser.add_argument("--warmup", type=int, default=30, help="sequential warm-up requests")
+    parser.add_argument("--chunk-delay", type=float, default=0.002, help="s between chunks")
+    parser.add_argument("--tail", type=float, default=0.3, help="s the no-buffering stream waits")
+    parser.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="load generator's HTTP client (httpx costs ~2 ms CPU per request here)",
+    )
+    parser.add_argument("--memory-mode", choices=["full", "read", "off"], default=None)
+    parser.add_argument("--memproxy-log-level", default="info")
+    parser.add_argument("--logs", help="keep the servers' logs in this directory")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is not met")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print("starting servers...", file=sys.stderr, flush=True)
+    with servers(args) as servers_:
+        print("measuring (direct, floor and memproxy interleaved)...", file=sys.stderr, flush=True)
+        figures = run_loop(lambda: run(args, servers_))
+    buffering_ok = all(c["pass"] for c in figures["no_buffering"].values())
+    met = all(s["target_met"] for s in figures["scenarios"].values()) and buffering_ok
+    figures["target_met"] = met
+    figures["settings"] = {
+        k: getattr(args, k)
+        for k in (
+            "requests",
+            "concurrent_requests",
+            "concurrency",
+            "segment",
+            "chunk_delay",
+            "client",
+            "memory_mode",
+            "memproxy_log_level",
+        )
+    }
+    figures["machine"] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    print()
+    print(table(figures["scenarios"], figures["no_buffering"]))
+    print()
+    print(
+        f"target (added p50 and TTFT <= {TARGET_RATIO}x the floor's, no buffering): "
+        + ("MET" if met else "NOT MET")
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 1 if args.strict and not met else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
