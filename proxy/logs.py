@@ -33,3 +33,5 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     logging.basicConfig(
         level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
     )
+    # httpx logs every upstream request at INFO; the access line already has what matters.
+    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
