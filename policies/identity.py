@@ -20,6 +20,7 @@ from typing import Any
 
 Message = dict[str, Any]
 EMPTY_CHAIN = ""
+UNKNOWN_CHAIN = "unknown"  # never a hash of a request's prefix
 
 
 def canonical(message: Message) -> bytes:
@@ -68,6 +69,24 @@ def continues(stored_count: int, stored_hash: str, hashes: Sequence[str]) -> boo
     if stored_count == 0:
         return False
     return stored_count <= len(hashes) and hashes[stored_count - 1] == stored_hash
+
+
+def rewind(
+    count: int, chain_hash: str, hashes: Sequence[str], dropped: Sequence[Message]
+) -> tuple[int, str]:
+    """The stored chain without its newest messages `dropped`: (length, hash). The hash is
+    read off the request when the request starts with that shorter chain (rolling `dropped`
+    forward from it gives `chain_hash`); otherwise it is UNKNOWN_CHAIN, which no request
+    continues."""
+    count -= len(dropped)
+    if count <= 0:
+        return 0, EMPTY_CHAIN
+    if count <= len(hashes):
+        start = hashes[count - 1]
+        rolled = chain_hashes(dropped, start)
+        if (rolled[-1] if rolled else start) == chain_hash:
+            return count, start
+    return count, UNKNOWN_CHAIN
 
 
 def same_message(a: Message, b: Message) -> bool:

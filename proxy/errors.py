@@ -7,6 +7,7 @@
     ├── NotFound                    404
     ├── Conflict                    409
     ├── PayloadTooLarge             413
+    ├── Unprocessable               422 (e.g. an Idempotency-Key reused for another request)
     ├── RateLimited                 429, with retry-after
     ├── ServiceUnavailable          503
     └── UpstreamError               the upstream failed us
@@ -76,6 +77,10 @@ class Conflict(ProxyError):
 
 class PayloadTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class Unprocessable(ProxyError):
+    status, type, code = 422, "invalid_request_error", "unprocessable_entity"
 
 
 class RateLimited(ProxyError):

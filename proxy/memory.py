@@ -17,10 +17,17 @@ from typing import Any, Literal
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from policies.context import StoredTurn
-from policies.identity import chain_hashes, chain_next, continues, fingerprint, split_request
+from policies.identity import (
+    chain_hashes,
+    chain_next,
+    continues,
+    fingerprint,
+    rewind,
+    split_request,
+)
 from policies.tokens import count_message, message_text
 from proxy.config import ContextSettings
-from proxy.errors import NotFound
+from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
 from storage.errors import ConflictError
@@ -145,13 +152,22 @@ class ConversationMemory:
         context: ContextSettings,
     ) -> str | None:
         """Fill `turn` in; return the idempotency key to record on the new exchange."""
-        if turn.mode == "off":
-            return idempotency_key
-        conversations = Conversations(conn)
-        writing = turn.mode == "full"
         prior = None
         if idempotency_key:
             prior = await Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
+            if prior is not None and prior.user_id != turn.user_id:
+                # Not a retry: answering it as one would hand over the other user's context.
+                raise Unprocessable(
+                    "This Idempotency-Key was already used for another user's request.",
+                    param="Idempotency-Key",
+                    code="idempotency_key_reused",
+                )
+        # A replay's exchange is recorded without the key, which its original holds.
+        key = idempotency_key if prior is None else None
+        if turn.mode == "off":
+            return key
+        conversations = Conversations(conn)
+        writing = turn.mode == "full"
         hashes = chain_hashes(messages)
         if prior is not None:
             conv = None
@@ -181,13 +197,24 @@ class ConversationMemory:
             )
         turn.conversation = conv
         if conv is None:
-            return idempotency_key
+            return key
         window = max(context.max_history_messages, context.min_recent_messages) + TAIL_SLACK
         tail: list[MessageRecord] = []
-        if conv.chain_count and not continues(conv.chain_count, conv.chain_hash, hashes):
+        chain_count, chain_hash = conv.chain_count, conv.chain_hash
+        if prior is not None:
+            # A replay is answered against the conversation as its original found it: without
+            # the original's own messages and reply, and without anything stored after them.
+            tail = await conversations.tail(turn.tenant_id, conv.pk, window)
+            cut = next(
+                (i for i, m in enumerate(tail) if m.exchange_id == prior.request_id), len(tail)
+            )
+            dropped = [m.to_openai() for m in tail[cut:]]
+            chain_count, chain_hash = rewind(chain_count, chain_hash, hashes, dropped)
+            tail = tail[:cut]
+        elif chain_count and not continues(chain_count, chain_hash, hashes):
             tail = await conversations.tail(turn.tenant_id, conv.pk, window)
         split = split_request(
-            messages, hashes, conv.chain_count, conv.chain_hash, [m.to_openai() for m in tail]
+            messages, hashes, chain_count, chain_hash, [m.to_openai() for m in tail]
         )
         if split.attach_history:
             kept = tail[: len(tail) - split.overlap]
@@ -210,7 +237,7 @@ class ConversationMemory:
                 for m, h in zip(new, hashes_new, strict=True)
             ]
             turn.conversation = await conversations.append(conv, turn.user_id, rows, now=now())
-        return idempotency_key if prior is None else None
+        return key
 
     async def import_messages(
         self,
