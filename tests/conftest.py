@@ -17,6 +17,9 @@ from tests.fakes.server import ServerThread
 
 prepare_offline_environment()
 
+# PostgreSQL for the session and a fresh database per test: postgres_url, database_url.
+pytest_plugins = ["tests.postgres"]
+
 KEY = "test-key"
 CHAT_ONLY_KEY = "chat-only-key"
 OTHER_TENANT_KEY = "other-key"

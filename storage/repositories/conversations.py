@@ -67,8 +67,11 @@ class Conversations:
                 .limit(1)
             )
             row = (await self.conn.execute(query)).first()
-            if row and (best is None or (row.updated_at, row.pk) > (best.updated_at, best.pk)):
-                best = _conversation(row)
+            if row is None:
+                continue
+            found = _conversation(row)  # aware datetimes: SQLite's rows carry naive ones
+            if best is None or (found.updated_at, found.pk) > (best.updated_at, best.pk):
+                best = found
         if best is not None and for_update:
             return await self.get(tenant_id, best.id, for_update=True)
         return best

@@ -6,8 +6,10 @@ import dataclasses
 from typing import Any
 
 from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from storage.errors import ConflictError
 from storage.models import EXCHANGES
 from storage.records import ExchangeRecord, NewExchange
 from storage.repositories.rows import columns, utc_row
@@ -36,9 +38,15 @@ class Exchanges:
         self.conn = conn
 
     async def start(self, exchange: NewExchange) -> None:
-        await self.conn.execute(
-            insert(E).values(**dataclasses.asdict(exchange), status="in_progress")
-        )
+        """Open the exchange; ConflictError if its request id or idempotency key is taken."""
+        try:
+            await self.conn.execute(
+                insert(E).values(**dataclasses.asdict(exchange), status="in_progress")
+            )
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"exchange {exchange.request_id!r} or its idempotency key exists"
+            ) from exc
 
     async def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
         unknown = set(fields) - FINISH_FIELDS

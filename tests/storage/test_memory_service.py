@@ -1,0 +1,335 @@
+"""ConversationMemory.begin/finish on real databases: what is stored, attached and recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from proxy.config import ContextSettings
+from proxy.errors import NotFound
+from proxy.memory import ConversationMemory, Mode, Outcome, Turn
+from storage.database import Database
+from storage.records import ConversationRecord, ExchangeRecord
+from storage.repositories.conversations import Conversations
+from storage.repositories.exchanges import Exchanges
+
+SYSTEM = {"role": "system", "content": "You are terse."}
+_request_ids = itertools.count(1)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+@pytest.fixture
+def memory(db: Database) -> ConversationMemory:
+    return ConversationMemory(db)
+
+
+async def begin(
+    memory: ConversationMemory,
+    messages: list[dict[str, Any]],
+    *,
+    conversation_id: str | None = None,
+    user_id: str = "alice",
+    tenant_id: str = "t1",
+    mode: Mode = "full",
+    idempotency_key: str | None = None,
+    context: ContextSettings | None = None,
+) -> Turn:
+    return await memory.begin(
+        request_id=f"req_{next(_request_ids)}",
+        tenant_id=tenant_id,
+        user_id=user_id,
+        conversation_id=conversation_id,
+        mode=mode,
+        idempotency_key=idempotency_key,
+        messages=messages,
+        model="gpt-4o-mini",
+        upstream="echo",
+        stream=False,
+        context=context or ContextSettings(),
+    )
+
+
+async def answer(memory: ConversationMemory, turn: Turn, text: str | None) -> None:
+    """The upstream answered `text` (None: it failed before saying anything)."""
+    if text is None:
+        outcome = Outcome("error", http_status=502, error="upstream unreachable")
+    else:
+        outcome = Outcome("complete", http_status=200, reply=assistant(text))
+    await memory.finish(turn, outcome)
+
+
+async def exchange_turn(
+    memory: ConversationMemory, messages: list[dict[str, Any]], reply: str | None, **options: Any
+) -> Turn:
+    turn = await begin(memory, messages, **options)
+    await answer(memory, turn, reply)
+    return turn
+
+
+async def stored(db: Database, conversation_id: str | None, tenant_id: str = "t1") -> list[Any]:
+    """The conversation's messages in order, as (role, content) or (role, content, status)."""
+    assert conversation_id is not None
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        conv = await repo.get(tenant_id, conversation_id)
+        assert conv is not None
+        messages = await repo.messages(tenant_id, conv.pk)
+    return [
+        (m.role, m.content) if m.status == "complete" else (m.role, m.content, m.status)
+        for m in messages
+    ]
+
+
+async def conversation(db: Database, conversation_id: str | None) -> ConversationRecord:
+    assert conversation_id is not None
+    async with db.read() as conn:
+        conv = await Conversations(conn).get("t1", conversation_id)
+    assert conv is not None
+    return conv
+
+
+async def exchange_of(db: Database, turn: Turn) -> ExchangeRecord:
+    async with db.read() as conn:
+        record = await Exchanges(conn).get(turn.tenant_id, turn.request_id)
+    assert record is not None
+    return record
+
+
+def history(turn: Turn) -> list[dict[str, Any]]:
+    return [t.message for t in turn.history]
+
+
+async def test_thin_client_gets_the_stored_tail_as_history(
+    memory: ConversationMemory, db: Database
+) -> None:
+    first = await exchange_turn(memory, [SYSTEM, user("hi")], "hello", conversation_id="c1")
+    assert first.conversation_id == "c1" and first.history == []
+
+    second = await begin(memory, [SYSTEM, user("how are you?")], conversation_id="c1")
+    # The client sends its own system message; the stored one is not attached again.
+    assert history(second) == [user("hi"), assistant("hello")]
+    assert all(t.tokens > 0 for t in second.history)
+    await answer(memory, second, "fine")
+
+    third = await begin(memory, [user("and now?")], conversation_id="c1")
+    assert history(third) == [
+        user("hi"),
+        assistant("hello"),
+        user("how are you?"),
+        assistant("fine"),
+    ]
+    assert await stored(db, "c1") == [
+        ("system", "You are terse."),
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("user", "how are you?"),
+        ("assistant", "fine"),
+        ("user", "and now?"),
+    ]
+    assert (await exchange_of(db, third)).status == "in_progress"
+
+
+async def test_thin_client_history_is_bounded_by_the_window(
+    memory: ConversationMemory, db: Database
+) -> None:
+    for i in range(12):
+        await exchange_turn(memory, [user(f"q{i}")], f"a{i}", conversation_id="c1")
+    small = ContextSettings(max_history_messages=4, min_recent_messages=2)
+    turn = await begin(memory, [user("last")], conversation_id="c1", context=small)
+    # The window, plus some slack so a tool call's replies are not cut off; never all 24.
+    assert 4 <= len(turn.history) < 24
+    assert history(turn)[-2:] == [user("q11"), assistant("a11")]
+
+
+async def test_full_history_client_continues_by_chain_and_stores_only_new_messages(
+    memory: ConversationMemory, db: Database
+) -> None:
+    first = await exchange_turn(memory, [SYSTEM, user("hi")], "hello")
+    assert first.conversation_id is not None and first.conversation_id.startswith("conv_")
+
+    second = await begin(memory, [SYSTEM, user("hi"), assistant("hello"), user("more")])
+    assert second.conversation_id == first.conversation_id
+    assert second.history == []  # the client sent it all
+    await answer(memory, second, "sure")
+    assert await stored(db, first.conversation_id) == [
+        ("system", "You are terse."),
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("user", "more"),
+        ("assistant", "sure"),
+    ]
+
+    # An edited earlier turn is another conversation; so is another user's identical chat.
+    edited = await begin(memory, [SYSTEM, user("hi"), assistant("HELLO"), user("more")])
+    bobs = await begin(memory, [SYSTEM, user("hi"), assistant("hello")], user_id="bob")
+    other_tenant = await begin(memory, [SYSTEM, user("hi"), assistant("hello")], tenant_id="t2")
+    ids = {first.conversation_id, edited.conversation_id, bobs.conversation_id}
+    assert len(ids) == 3 and None not in ids
+    assert other_tenant.conversation is not None and other_tenant.conversation.tenant_id == "t2"
+    assert len(await stored(db, first.conversation_id)) == 5
+
+
+async def test_retried_unanswered_turn_is_not_stored_twice(
+    memory: ConversationMemory, db: Database
+) -> None:
+    # A full-history client: the upstream failed, the client sends the same request again.
+    failed = await exchange_turn(memory, [user("hi")], None)
+    retry = await exchange_turn(memory, [user("hi")], "hello")
+    assert retry.conversation_id == failed.conversation_id
+    assert await stored(db, failed.conversation_id) == [("user", "hi"), ("assistant", "hello")]
+    assert (await exchange_of(db, failed)).status == "error"
+
+    # A thin client: its retried turn is neither stored again nor attached as history.
+    await exchange_turn(memory, [user("q1")], "a1", conversation_id="thin")
+    await exchange_turn(memory, [user("q2")], None, conversation_id="thin")
+    again = await begin(memory, [user("q2")], conversation_id="thin")
+    assert history(again) == [user("q1"), assistant("a1")]
+    await answer(memory, again, "a2")
+    assert await stored(db, "thin") == [
+        ("user", "q1"),
+        ("assistant", "a1"),
+        ("user", "q2"),
+        ("assistant", "a2"),
+    ]
+
+
+async def test_idempotency_key_replay_stores_nothing_new(
+    memory: ConversationMemory, db: Database
+) -> None:
+    first = await exchange_turn(memory, [user("hi")], "hello", idempotency_key="k1")
+    replay = await begin(memory, [user("hi")], idempotency_key="k1")
+    assert replay.conversation_id == first.conversation_id
+    assert not replay.store_reply
+    await answer(memory, replay, "hello")
+
+    # Thin clients replay too: the key, not the body, says it is the same request.
+    thin = await exchange_turn(memory, [user("q")], "a", conversation_id="c1", idempotency_key="k2")
+    thin_replay = await exchange_turn(
+        memory, [user("q")], "a", conversation_id="c1", idempotency_key="k2"
+    )
+    assert thin_replay.conversation_id == thin.conversation_id == "c1"
+
+    assert await stored(db, first.conversation_id) == [("user", "hi"), ("assistant", "hello")]
+    assert await stored(db, "c1") == [("user", "q"), ("assistant", "a")]
+    async with db.read() as conn:
+        original = await Exchanges(conn).by_idempotency_key("t1", "k1")
+    assert original is not None and original.request_id == first.request_id
+    replayed = await exchange_of(db, replay)
+    assert (replayed.status, replayed.conversation_id) == ("complete", first.conversation_id)
+
+
+async def test_concurrent_requests_with_one_idempotency_key_store_the_turn_once(
+    memory: ConversationMemory, db: Database
+) -> None:
+    turns = await asyncio.gather(
+        *(begin(memory, [user("hi")], idempotency_key="same") for _ in range(4))
+    )
+    conversation_ids = {t.conversation_id for t in turns}
+    assert len(conversation_ids) == 1
+    assert await stored(db, turns[0].conversation_id) == [("user", "hi")]
+    assert sum(t.store_reply for t in turns) >= 1
+
+
+async def test_concurrent_first_turns_of_a_new_conversation_id_share_it(
+    memory: ConversationMemory, db: Database
+) -> None:
+    turns = await asyncio.gather(
+        *(begin(memory, [user(f"q{i}")], conversation_id="fresh") for i in range(4))
+    )
+    assert {t.conversation_id for t in turns} == {"fresh"}
+    contents = sorted(content for _, content in await stored(db, "fresh"))
+    assert contents == ["q0", "q1", "q2", "q3"]
+
+
+async def test_read_mode_attaches_history_stores_no_messages_and_records_the_exchange(
+    memory: ConversationMemory, db: Database
+) -> None:
+    await exchange_turn(memory, [user("hi")], "hello", conversation_id="c1")
+    before = await conversation(db, "c1")
+
+    turn = await begin(memory, [user("peek")], conversation_id="c1", mode="read")
+    assert history(turn) == [user("hi"), assistant("hello")]
+    await answer(memory, turn, "peeked")
+    assert await stored(db, "c1") == [("user", "hi"), ("assistant", "hello")]
+    assert (await conversation(db, "c1")).chain_hash == before.chain_hash
+
+    unknown = await exchange_turn(memory, [user("no such chat")], "ok", mode="read")
+    assert unknown.conversation is None
+    async with db.read() as conn:
+        assert [c.id for c in await Conversations(conn).list("t1", "alice")] == ["c1"]
+    for record in (await exchange_of(db, turn), await exchange_of(db, unknown)):
+        assert (record.mode, record.status, record.http_status) == ("read", "complete", 200)
+    assert (await exchange_of(db, turn)).conversation_id == "c1"
+
+
+async def test_off_mode_attaches_and_stores_nothing_but_records_the_exchange(
+    memory: ConversationMemory, db: Database
+) -> None:
+    await exchange_turn(memory, [user("hi")], "hello", conversation_id="c1")
+    turn = await exchange_turn(memory, [user("private")], "ok", conversation_id="c1", mode="off")
+    assert turn.conversation is None and turn.history == []
+    assert await stored(db, "c1") == [("user", "hi"), ("assistant", "hello")]
+    record = await exchange_of(db, turn)
+    assert (record.mode, record.status, record.conversation_id) == ("off", "complete", "c1")
+
+
+async def test_incomplete_reply_is_kept_outside_the_chain_and_the_conversation_continues(
+    memory: ConversationMemory, db: Database
+) -> None:
+    turn = await begin(memory, [user("tell me a story")])
+    conversation_id = turn.conversation_id
+    await memory.finish(
+        turn,
+        Outcome("incomplete", http_status=200, reply=assistant("Once upon"), error="client left"),
+    )
+    assert await stored(db, conversation_id) == [
+        ("user", "tell me a story"),
+        ("assistant", "Once upon", "incomplete"),
+    ]
+    assert (await conversation(db, conversation_id)).chain_count == 1
+    assert (await exchange_of(db, turn)).status == "incomplete"
+
+    # The client retries the same request: same conversation, the turn is not stored again.
+    retry = await exchange_turn(memory, [user("tell me a story")], "Once upon a time.")
+    assert retry.conversation_id == conversation_id
+    # It goes on with the whole history: still the same conversation.
+    more = [user("tell me a story"), assistant("Once upon a time."), user("and then?")]
+    follow_up = await begin(memory, more)
+    assert follow_up.conversation_id == conversation_id and follow_up.history == []
+    await answer(memory, follow_up, "The end.")
+    # A thin client's history skips the partial reply.
+    thin = await begin(memory, [user("thanks")], conversation_id=conversation_id)
+    assert history(thin) == [*more, assistant("The end.")]
+
+    assert await stored(db, conversation_id) == [
+        ("user", "tell me a story"),
+        ("assistant", "Once upon", "incomplete"),
+        ("assistant", "Once upon a time."),
+        ("user", "and then?"),
+        ("assistant", "The end."),
+        ("user", "thanks"),
+    ]
+
+
+async def test_another_users_conversation_id_is_not_found(
+    memory: ConversationMemory, db: Database
+) -> None:
+    await exchange_turn(memory, [user("mine")], "ok", conversation_id="c1")
+    with pytest.raises(NotFound):
+        await begin(memory, [user("let me in")], conversation_id="c1", user_id="mallory")
+    assert await stored(db, "c1") == [("user", "mine"), ("assistant", "ok")]
+    # The same id in another tenant is another conversation.
+    theirs = await exchange_turn(memory, [user("hi")], "yo", conversation_id="c1", tenant_id="t2")
+    assert theirs.conversation is not None and theirs.conversation.tenant_id == "t2"
+    assert await stored(db, "c1", "t2") == [("user", "hi"), ("assistant", "yo")]
+    assert await stored(db, "c1") == [("user", "mine"), ("assistant", "ok")]

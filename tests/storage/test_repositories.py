@@ -1,0 +1,601 @@
+"""Repositories against real SQLite and PostgreSQL databases, through their public methods."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import inspect, text
+
+from policies.identity import chain_hashes
+from storage import migrate
+from storage.database import Database
+from storage.errors import ConflictError
+from storage.models import Base
+from storage.records import ConversationRecord, NewExchange, NewMessage
+from storage.repositories.conversations import Conversations
+from storage.repositories.exchanges import Exchanges
+from storage.repositories.system import SystemRepository
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def msg(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "content": text}
+
+
+def dialogue(turns: int, prefix: str = "") -> list[dict[str, Any]]:
+    """user/assistant pairs: u0, a0, u1, a1, ..."""
+    out = []
+    for i in range(turns):
+        out += [msg("user", f"{prefix}u{i}"), msg("assistant", f"{prefix}a{i}")]
+    return out
+
+
+def chained(conversation: ConversationRecord, messages: list[dict[str, Any]]) -> list[NewMessage]:
+    """Complete messages that continue `conversation`'s chain."""
+    hashes = chain_hashes(messages, conversation.chain_hash)
+    return [
+        NewMessage(role=m["role"], content=m["content"], tokens=3, chain_hash=h)
+        for m, h in zip(messages, hashes, strict=True)
+    ]
+
+
+def partial(text: str) -> NewMessage:
+    """A reply cut off mid-stream: kept for the record, outside the chain."""
+    return NewMessage(
+        role="assistant", content=text, tokens=1, chain_hash=None, status="incomplete"
+    )
+
+
+async def new_conversation(
+    db: Database,
+    conversation_id: str,
+    messages: Sequence[dict[str, Any]] = (),
+    *,
+    tenant: str = "t1",
+    user: str = "alice",
+    when: datetime = T0,
+) -> ConversationRecord:
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        conv = await repo.create(tenant, user, conversation_id, now=when)
+        return await repo.append(conv, user, chained(conv, list(messages)), now=when)
+
+
+def exchange(
+    request_id: str,
+    *,
+    tenant: str = "t1",
+    user: str = "alice",
+    started: datetime = T0,
+    **extra: Any,
+) -> NewExchange:
+    return NewExchange(
+        request_id=request_id,
+        tenant_id=tenant,
+        user_id=user,
+        model="gpt-4o-mini",
+        upstream="echo",
+        mode="full",
+        stream=False,
+        started_at=started,
+        **extra,
+    )
+
+
+# Conversations and messages
+
+
+async def test_append_numbers_messages_contiguously_and_advances_the_chain(db: Database) -> None:
+    history = dialogue(2)
+    conv = await new_conversation(db, "c1", history[:3])
+    assert (conv.next_seq, conv.chain_count) == (4, 3)
+    assert conv.chain_hash == chain_hashes(history[:3])[-1]
+
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        fresh = await repo.get("t1", "c1", for_update=True)
+        assert fresh == conv
+        await repo.append(fresh, "alice", chained(fresh, history[3:]), now=at(1))
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        stored = await repo.get("t1", "c1")
+        assert stored is not None
+        messages = await repo.messages("t1", stored.pk)
+        count = await repo.count_messages("t1", stored.pk)
+    assert stored.chain_count == 4 and stored.chain_hash == chain_hashes(history)[-1]
+    assert stored.updated_at == at(1) and stored.created_at == T0
+    assert [m.seq for m in messages] == [1, 2, 3, 4] and count == 4
+    assert [m.to_openai() for m in messages] == history
+
+
+async def test_stored_message_keeps_the_openai_shape(db: Database) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    sent = [
+        {"role": "user", "content": parts, "name": "al"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+    ]
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        conv = await repo.create("t1", "alice", "c1", now=T0)
+        rows = [
+            NewMessage(
+                role=m["role"],
+                content=m["content"],
+                name=m.get("name"),
+                tool_calls=m.get("tool_calls"),
+                tool_call_id=m.get("tool_call_id"),
+                tokens=5,
+                chain_hash=h,
+                meta={"source": "import"},
+            )
+            for m, h in zip(sent, chain_hashes(sent), strict=True)
+        ]
+        conv = await repo.append(conv, "alice", rows, now=T0)
+    async with db.read() as conn:
+        stored = await Conversations(conn).messages("t1", conv.pk)
+    assert [m.to_openai() for m in stored] == sent
+    assert all(m.meta == {"source": "import"} and m.tokens == 5 for m in stored)
+    assert all(m.created_at.tzinfo is not None for m in stored)
+
+
+async def test_tail_returns_the_newest_complete_messages_oldest_first(db: Database) -> None:
+    history = dialogue(5)  # u0 a0 ... u4 a4
+    conv = await new_conversation(db, "c1", history[:6])
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        conv = await repo.append(conv, "alice", [partial("cut off")], now=at(1))
+        conv = await repo.append(conv, "alice", chained(conv, history[6:]), now=at(2))
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        tail = await repo.tail("t1", conv.pk, 3)
+        everything = await repo.tail("t1", conv.pk, 100)
+        nothing = await repo.tail("t2", conv.pk, 100)
+    assert [m.content for m in tail] == ["a3", "u4", "a4"]
+    assert [m.to_openai() for m in everything] == history
+    assert all(m.status == "complete" for m in everything)
+    assert nothing == []
+
+
+async def test_messages_include_partial_replies_and_page_by_seq(db: Database) -> None:
+    conv = await new_conversation(db, "c1", dialogue(1))
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        conv = await repo.append(conv, "alice", [partial("half a rep")], now=at(1))
+        conv = await repo.append(conv, "alice", chained(conv, [msg("user", "again")]), now=at(2))
+    # The partial reply is not part of the chain: the chain is u0 a0 again.
+    assert conv.chain_count == 3
+    assert conv.chain_hash == chain_hashes([*dialogue(1), msg("user", "again")])[-1]
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        first = await repo.messages("t1", conv.pk, limit=2)
+        rest = await repo.messages("t1", conv.pk, after_seq=first[-1].seq, limit=2)
+        foreign = await repo.messages("t2", conv.pk)
+    assert [(m.content, m.status) for m in first] == [("u0", "complete"), ("a0", "complete")]
+    assert [(m.content, m.status) for m in rest] == [
+        ("half a rep", "incomplete"),
+        ("again", "complete"),
+    ]
+    assert foreign == []
+
+
+async def test_list_is_newest_first_and_pages_with_after(db: Database) -> None:
+    # Five distinct times, and three conversations sharing one: ties are ordered by creation.
+    times = [at(1), at(2), at(3), at(3), at(3), at(4), at(5), at(6)]
+    for i, when in enumerate(times):
+        await new_conversation(db, f"c{i}", when=when)
+    await new_conversation(db, "bob's", user="bob", when=at(10))
+
+    pages: list[list[str]] = []
+    after = None
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        while True:
+            page = await repo.list("t1", "alice", after=after, limit=3)
+            if not page:
+                break
+            pages.append([c.id for c in page])
+            after = page[-1]
+        everyone = await repo.list("t1", None, limit=100)
+        other_tenant = await repo.list("t2", None)
+    assert pages == [["c7", "c6", "c5"], ["c4", "c3", "c2"], ["c1", "c0"]]
+    assert [c.id for c in everyone] == ["bob's", "c7", "c6", "c5", "c4", "c3", "c2", "c1", "c0"]
+    assert other_tenant == []
+
+
+async def test_update_renames_and_archives_and_moves_to_the_front(db: Database) -> None:
+    await new_conversation(db, "old", when=at(1))
+    await new_conversation(db, "new", when=at(2))
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        renamed = await repo.update("t1", "old", now=at(3), title="Trip", meta={"k": "v"})
+        archived = await repo.update("t1", "new", now=at(4), archived=True, user_id="mallory")
+        missing = await repo.update("t1", "nope", now=at(5), title="x")
+        foreign = await repo.update("t2", "old", now=at(5), title="x")
+    assert renamed is not None and (renamed.title, renamed.meta) == ("Trip", {"k": "v"})
+    assert renamed.updated_at == at(3)
+    # Only title, archived and meta can change.
+    assert archived is not None and archived.archived and archived.user_id == "alice"
+    assert missing is None and foreign is None
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        listed = [c.id for c in await repo.list("t1", "alice")]
+        active = [c.id for c in await repo.list("t1", "alice", include_archived=False)]
+        old = await repo.get("t1", "old")
+    assert listed == ["new", "old"] and active == ["old"]
+    assert old is not None and old.title == "Trip"
+
+
+async def test_delete_removes_the_conversation_and_keeps_its_exchanges(db: Database) -> None:
+    conv = await new_conversation(db, "c1", dialogue(2))
+    keep = await new_conversation(db, "c2", dialogue(1))
+    async with db.write() as conn:
+        await Exchanges(conn).start(
+            exchange("req_1", conversation_pk=conv.pk, conversation_id="c1")
+        )
+        assert await Conversations(conn).delete("t2", "c1") is False
+        assert await Conversations(conn).delete("t1", "c1") is True
+        assert await Conversations(conn).delete("t1", "c1") is False
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        assert await repo.get("t1", "c1") is None
+        assert await repo.count_messages("t1", conv.pk) == 0
+        assert await repo.count_messages("t1", keep.pk) == 2
+        record = await Exchanges(conn).get("t1", "req_1")
+    assert record is not None
+    assert (record.conversation_pk, record.conversation_id) == (None, "c1")
+
+
+async def test_delete_user_erases_that_user_only_in_that_tenant(db: Database) -> None:
+    alice = await new_conversation(db, "a1", dialogue(2))
+    await new_conversation(db, "a2", dialogue(1))
+    bob = await new_conversation(db, "b1", dialogue(1), user="bob")
+    other = await new_conversation(db, "a1", dialogue(1), tenant="t2")
+    async with db.write() as conn:
+        await Exchanges(conn).start(exchange("req_a", conversation_pk=alice.pk))
+        await Exchanges(conn).start(exchange("req_b", user="bob", conversation_pk=bob.pk))
+        await Exchanges(conn).start(exchange("req_t2", tenant="t2", conversation_pk=other.pk))
+        erased = await Conversations(conn).delete_user("t1", "alice")
+    assert erased == {"conversations": 2, "messages": 6, "exchanges": 1}
+
+    async with db.read() as conn:
+        repo, exchanges = Conversations(conn), Exchanges(conn)
+        assert await repo.list("t1", "alice") == []
+        assert [c.id for c in await repo.list("t1", "bob")] == ["b1"]
+        assert [c.id for c in await repo.list("t2", "alice")] == ["a1"]
+        assert await repo.count_messages("t2", other.pk) == 2
+        assert await exchanges.get("t1", "req_a") is None
+        assert await exchanges.get("t1", "req_b") is not None
+        assert await exchanges.get("t2", "req_t2") is not None
+
+
+async def test_duplicate_conversation_id_is_a_conflict(db: Database) -> None:
+    await new_conversation(db, "c1", dialogue(1))
+    with pytest.raises(ConflictError):
+        async with db.write() as conn:
+            await Conversations(conn).create("t1", "bob", "c1", now=at(1))
+    async with db.read() as conn:
+        stored = await Conversations(conn).get("t1", "c1")
+    assert stored is not None and stored.user_id == "alice" and stored.chain_count == 2
+
+
+async def test_same_conversation_id_in_two_tenants_never_meets(db: Database) -> None:
+    one = await new_conversation(db, "shared", dialogue(1, "t1-"), tenant="t1")
+    two = await new_conversation(db, "shared", dialogue(2, "t2-"), tenant="t2")
+    assert one.pk != two.pk
+
+    async with db.write() as conn:
+        repo = Conversations(conn)
+        fresh = await repo.get("t2", "shared", for_update=True)
+        assert fresh is not None and fresh.pk == two.pk
+        await repo.append(fresh, "alice", chained(fresh, [msg("user", "t2-more")]), now=at(1))
+        await repo.update("t2", "shared", now=at(2), title="only t2")
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        got_one = await repo.get("t1", "shared")
+        assert got_one is not None and got_one.title is None
+        assert [m.content for m in await repo.messages("t1", one.pk)] == ["t1-u0", "t1-a0"]
+        assert [m.content for m in await repo.tail("t1", two.pk, 10)] == []
+        assert await repo.count_messages("t2", two.pk) == 5
+    async with db.write() as conn:
+        assert await Conversations(conn).delete("t1", "shared") is True
+    async with db.read() as conn:
+        assert await Conversations(conn).get("t2", "shared") is not None
+
+
+# Continuing a conversation by its chain
+
+
+async def test_find_by_chain_returns_the_newest_conversation_the_request_continues(
+    db: Database,
+) -> None:
+    history = dialogue(3)
+    await new_conversation(db, "short", history[:2], when=at(1))
+    await new_conversation(db, "longer", history[:4], when=at(2))
+    await new_conversation(db, "same-start-newer", history[:2], when=at(3))
+    await new_conversation(db, "diverged", [*history[:2], msg("user", "else")], when=at(9))
+    await new_conversation(db, "empty", when=at(10))
+
+    async def find(messages: list[dict[str, Any]]) -> str | None:
+        async with db.read() as conn:
+            found = await Conversations(conn).find_by_chain("t1", "alice", chain_hashes(messages))
+        return found.id if found else None
+
+    assert await find(history[:5]) == "same-start-newer"
+    assert await find([*history[:4], msg("user", "u2")]) == "same-start-newer"
+    assert await find(history[:1]) is None  # no stored chain is a prefix of one message
+    assert await find([msg("user", "unrelated")]) is None
+    assert await find([]) is None
+
+    async with db.write() as conn:
+        locked = await Conversations(conn).find_by_chain(
+            "t1", "alice", chain_hashes(history), for_update=True
+        )
+    assert locked is not None and locked.id == "same-start-newer"
+
+
+async def test_find_by_chain_never_returns_another_users_or_tenants_conversation(
+    db: Database,
+) -> None:
+    history = dialogue(2)
+    await new_conversation(db, "bob", history[:2], user="bob", when=at(5))
+    await new_conversation(db, "t2", history[:2], tenant="t2", when=at(6))
+    hashes = chain_hashes(history)
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        assert await repo.find_by_chain("t1", "alice", hashes) is None
+        mine = await repo.find_by_chain("t1", "bob", hashes)
+        theirs = await repo.find_by_chain("t2", "alice", hashes)
+    assert mine is not None and mine.id == "bob"
+    assert theirs is not None and theirs.id == "t2" and theirs.tenant_id == "t2"
+
+
+async def test_find_by_chain_compares_matches_across_long_requests(db: Database) -> None:
+    """A request longer than one index probe: matches from different probes are compared."""
+    history = dialogue(300)  # 600 messages: the probes cover 500 hashes each
+    await new_conversation(db, "long-newer", history[:550], when=at(2))
+    await new_conversation(db, "short-older", history[:2], when=at(1))
+    hashes = chain_hashes(history)
+    async with db.read() as conn:
+        found = await Conversations(conn).find_by_chain("t1", "alice", hashes)
+    assert found is not None and found.id == "long-newer"
+
+    async with db.write() as conn:
+        await Conversations(conn).update("t1", "short-older", now=at(3), title="touched")
+    async with db.read() as conn:
+        found = await Conversations(conn).find_by_chain("t1", "alice", hashes)
+    assert found is not None and found.id == "short-older"
+
+
+# Exchanges
+
+
+async def test_exchange_start_finish_get_and_idempotency_key(db: Database) -> None:
+    async with db.write() as conn:
+        await Exchanges(conn).start(exchange("req_1", idempotency_key="key-1", attached={"a": 1}))
+    async with db.read() as conn:
+        started = await Exchanges(conn).get("t1", "req_1")
+    assert started is not None
+    assert (started.status, started.finished_at, started.attached) == (
+        "in_progress",
+        None,
+        {"a": 1},
+    )
+    assert started.started_at == T0
+
+    usage = {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
+    async with db.write() as conn:
+        await Exchanges(conn).finish(
+            "t1",
+            "req_1",
+            status="complete",
+            http_status=200,
+            finished_at=at(2),
+            latency_ms=12.5,
+            usage=usage,
+            prompt_tokens=10,
+            completion_tokens=4,
+        )
+        await Exchanges(conn).finish("t2", "req_1", status="error")  # not t2's: no effect
+    async with db.read() as conn:
+        done = await Exchanges(conn).get("t1", "req_1")
+        by_key = await Exchanges(conn).by_idempotency_key("t1", "key-1")
+    assert done is not None and done == by_key
+    assert (done.status, done.http_status, done.finished_at) == ("complete", 200, at(2))
+    assert (done.usage, done.prompt_tokens, done.completion_tokens) == (usage, 10, 4)
+    assert done.latency_ms == 12.5
+
+
+async def test_another_tenants_exchange_is_invisible(db: Database) -> None:
+    async with db.write() as conn:
+        await Exchanges(conn).start(exchange("req_1", idempotency_key="key-1"))
+        # The same key in another tenant is another key.
+        await Exchanges(conn).start(exchange("req_2", tenant="t2", idempotency_key="key-1"))
+    async with db.read() as conn:
+        exchanges = Exchanges(conn)
+        assert await exchanges.get("t2", "req_1") is None
+        assert await exchanges.get("t1", "req_2") is None
+        mine = await exchanges.by_idempotency_key("t1", "key-1")
+        theirs = await exchanges.by_idempotency_key("t2", "key-1")
+        assert await exchanges.by_idempotency_key("t3", "key-1") is None
+    assert mine is not None and mine.request_id == "req_1"
+    assert theirs is not None and theirs.request_id == "req_2"
+
+
+async def test_duplicate_idempotency_key_in_a_tenant_is_a_conflict(db: Database) -> None:
+    async with db.write() as conn:
+        await Exchanges(conn).start(exchange("req_1", idempotency_key="key-1"))
+    with pytest.raises(ConflictError):
+        async with db.write() as conn:
+            await Exchanges(conn).start(exchange("req_2", idempotency_key="key-1"))
+
+
+async def test_finish_rejects_fields_that_are_not_outcomes(db: Database) -> None:
+    async with db.write() as conn:
+        await Exchanges(conn).start(exchange("req_1"))
+        with pytest.raises(ValueError, match="user_id"):
+            await Exchanges(conn).finish("t1", "req_1", status="complete", user_id="mallory")
+
+
+async def test_sweep_marks_only_stale_in_progress_exchanges_incomplete(db: Database) -> None:
+    async with db.write() as conn:
+        exchanges = Exchanges(conn)
+        await exchanges.start(exchange("stale", started=at(0)))
+        await exchanges.start(exchange("stale_t2", tenant="t2", started=at(1)))
+        await exchanges.start(exchange("fresh", started=at(100)))
+        await exchanges.start(exchange("done", started=at(0)))
+        await exchanges.finish("t1", "done", status="complete", finished_at=at(5))
+    async with db.write() as conn:
+        swept = await SystemRepository(conn).sweep_in_progress(at(50), now=at(200))
+    assert swept == 2
+
+    async with db.read() as conn:
+        exchanges = Exchanges(conn)
+        stale = await exchanges.get("t1", "stale")
+        stale_t2 = await exchanges.get("t2", "stale_t2")
+        fresh = await exchanges.get("t1", "fresh")
+        done = await exchanges.get("t1", "done")
+    assert stale is not None and stale_t2 is not None and fresh is not None and done is not None
+    for swept_exchange in (stale, stale_t2):
+        assert swept_exchange.status == "incomplete" and swept_exchange.finished_at == at(200)
+        assert swept_exchange.error and "abandoned" in swept_exchange.error
+    assert (fresh.status, fresh.finished_at) == ("in_progress", None)
+    assert (done.status, done.finished_at, done.error) == ("complete", at(5), None)
+
+
+# Transactions, migrations, concurrency
+
+
+async def test_a_write_that_raises_leaves_nothing_behind(db: Database) -> None:
+    existing = await new_conversation(db, "existing", dialogue(1))
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with db.write() as conn:
+            repo = Conversations(conn)
+            conv = await repo.create("t1", "alice", "half-written", now=at(1))
+            await repo.append(conv, "alice", chained(conv, dialogue(2)), now=at(1))
+            fresh = await repo.get("t1", "existing", for_update=True)
+            assert fresh is not None
+            await repo.append(fresh, "alice", chained(fresh, [msg("user", "lost")]), now=at(1))
+            await Exchanges(conn).start(exchange("req_lost"))
+            raise Boom
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        assert await repo.get("t1", "half-written") is None
+        assert await repo.get("t1", "existing") == existing
+        assert await repo.count_messages("t1", existing.pk) == 2
+        assert await Exchanges(conn).get("t1", "req_lost") is None
+    # The database is still usable, and the id is free.
+    await new_conversation(db, "half-written")
+
+
+def schema(connection: Any) -> dict[str, tuple[set[str], set[str]]]:
+    """Each table's columns and indexes, as the database reports them."""
+    inspector = inspect(connection)
+    return {
+        table: (
+            {c["name"] for c in inspector.get_columns(table)},
+            {i["name"] or "" for i in inspector.get_indexes(table)},
+        )
+        for table in inspector.get_table_names()
+    }
+
+
+async def test_migrations_build_the_models_schema_and_running_again_changes_nothing(
+    database_url: str,
+) -> None:
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    db = Database(database_url)
+    try:
+        conv = await new_conversation(db, "c1", dialogue(1))
+        async with db.read() as conn:
+            before = await conn.run_sync(schema)
+        await asyncio.to_thread(migrate.upgrade, database_url)
+        await asyncio.to_thread(migrate.upgrade, database_url)
+        async with db.read() as conn:
+            after = await conn.run_sync(schema)
+            versions = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
+            assert await Conversations(conn).get("t1", "c1") == conv
+    finally:
+        await db.dispose()
+    assert before == after and len(versions) == 1
+    for table in Base.metadata.sorted_tables:
+        columns, indexes = after[table.name]
+        assert columns == {c.name for c in table.columns}
+        assert {str(i.name) for i in table.indexes} <= indexes
+
+
+async def test_concurrent_writers_never_find_the_database_locked(db: Database) -> None:
+    """Many tasks writing at once (each to its own conversation), with reads in between."""
+
+    async def writer(n: int) -> None:
+        async with db.write() as conn:
+            await Conversations(conn).create("t1", f"user{n}", f"c{n}", now=T0)
+        for turn in range(3):
+            async with db.write() as conn:
+                repo = Conversations(conn)
+                conv = await repo.get("t1", f"c{n}", for_update=True)
+                assert conv is not None
+                messages = [msg("user", f"{n}-{turn}"), msg("assistant", f"r{n}-{turn}")]
+                await repo.append(conv, f"user{n}", chained(conv, messages), now=at(turn))
+                await Exchanges(conn).start(exchange(f"req_{n}_{turn}"))
+            async with db.read() as conn:
+                tail = await Conversations(conn).tail("t1", conv.pk, 2)
+            assert [m.content for m in tail] == [f"{n}-{turn}", f"r{n}-{turn}"]
+
+    await asyncio.gather(*(writer(n) for n in range(32)))
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        for n in range(32):
+            conv = await repo.get("t1", f"c{n}")
+            assert conv is not None and conv.chain_count == 6 and conv.next_seq == 7
+        assert len(await repo.list("t1", None, limit=100)) == 32
+
+
+async def test_concurrent_appends_to_one_conversation_keep_seq_unique_and_contiguous(
+    db: Database,
+) -> None:
+    """Writers that lock the conversation row take turns: no seq is lost or taken twice."""
+    conv = await new_conversation(db, "busy")
+
+    async def append(n: int) -> None:
+        async with db.write() as conn:
+            repo = Conversations(conn)
+            fresh = await repo.get("t1", "busy", for_update=True)
+            assert fresh is not None
+            await asyncio.sleep(0)  # let the others queue up on the lock
+            await repo.append(fresh, "alice", chained(fresh, [msg("user", f"m{n}")]), now=at(n))
+
+    await asyncio.gather(*(append(n) for n in range(24)))
+
+    async with db.read() as conn:
+        repo = Conversations(conn)
+        stored = await repo.messages("t1", conv.pk)
+        final = await repo.get("t1", "busy")
+    assert final is not None
+    assert [m.seq for m in stored] == list(range(1, 25))
+    assert sorted(str(m.content) for m in stored) == sorted(f"m{n}" for n in range(24))
+    assert final.next_seq == 25 and final.chain_count == 24
+    # The chain followed the order in which the writers got the lock.
+    assert final.chain_hash == chain_hashes([m.to_openai() for m in stored])[-1]
