@@ -91,8 +91,13 @@ def select_history(
     chosen: list[list[StoredTurn]] = []
     count = tokens = 0
     for position, unit in enumerate(reversed(_units(history))):
-        if position > 0 and not _answered(unit):
-            break  # a call whose replies are missing would be rejected by the upstream
+        if not _answered(unit) and not (answers_tool_call and position == 0):
+            # The upstream rejects a call whose replies are missing, unless the client's own
+            # turn starts with them. A dangling newest call (the client moved on without
+            # answering it) is left out; an older one ends the run.
+            if position == 0:
+                continue
+            break
         size = len(unit)
         cost = sum(t.tokens for t in unit)
         mandatory = count < budget.min_recent_messages or (answers_tool_call and not chosen)

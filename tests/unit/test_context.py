@@ -167,5 +167,10 @@ def test_a_call_missing_replies_ends_the_run_unless_it_is_the_newest() -> None:
     )
     chosen = select_history(history, Budget(token_budget=1000, min_recent_messages=0))
     assert [t.message.get("content") for t in chosen] == ["later", "ok"]
-    newest = select_history(history[:3], Budget(token_budget=1000, min_recent_messages=0))
+    budget = Budget(token_budget=1000, min_recent_messages=0)
+    newest = select_history(history[:3], budget, answers_tool_call=True)
     assert newest[-1] == history[2]  # the client is about to send reply "b"
+    # A client turn that is not the missing reply cannot follow the half-answered call: the
+    # dangling newest call is left out and the history before it still goes.
+    assert select_history(history[:3], budget) == history[:1]
+    assert select_history(history[:3], Budget(token_budget=1000, min_recent_messages=6)) == history[:1]
