@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +44,9 @@ def _in_tmp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-def make_config(upstream: UpstreamConfig, *, database_url: str | None = None, **tenant: Any) -> Config:
+def make_config(
+    upstream: UpstreamConfig, *, database_url: str | None = None, **tenant: Any
+) -> Config:
     """Tenant `t1` (keys: all scopes and chat-only) and tenant `t2`, both on `upstream`.
     The database is `./memproxy.db` in the test's own directory unless `database_url` says."""
     return Config(
