@@ -116,7 +116,17 @@ class ChatStreamObserver:
 
 
 async def record(services: AppState, turn: Turn, outcome: Outcome) -> None:
-    """Store the outcome; a storage failure here is logged, never raised into the response."""
+    """Store the outcome; a storage failure here is logged, never raised into the response.
+
+    A turn that stored nothing beforehand (mode off) is recorded in the background: the
+    client waits only for what the next request must be able to read."""
+    if turn.pending is not None:
+        services.spawn(_record(services, turn, outcome))
+    else:
+        await _record(services, turn, outcome)
+
+
+async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
     try:
         await services.memory.finish(turn, outcome)
     except StorageError as exc:

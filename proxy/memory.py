@@ -63,6 +63,8 @@ class Turn:
     conversation: ConversationRecord | None = None
     history: list[StoredTurn] = field(default_factory=list)
     store_reply: bool = False
+    # An exchange not yet written (mode off): `finish()` records it whole.
+    pending: NewExchange | None = None
 
     @property
     def conversation_id(self) -> str | None:
@@ -112,6 +114,21 @@ class ConversationMemory:
         context: ContextSettings,
     ) -> Turn:
         turn = Turn(request_id, tenant_id, user_id, mode, model)
+        if mode == "off" and idempotency_key is None:
+            # Nothing to store before the upstream call: the exchange is recorded whole when
+            # it ends, off the response path.
+            turn.pending = NewExchange(
+                request_id=request_id,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                model=model,
+                upstream=upstream,
+                mode=mode,
+                stream=stream,
+                started_at=now(),
+                conversation_id=conversation_id,
+            )
+            return turn
         for attempt in (1, 2):
             try:
                 async with self.db.write() as conn:
@@ -294,6 +311,8 @@ class ConversationMemory:
                         now=now(),
                     )
             usage = outcome.usage or {}
+            if turn.pending is not None:
+                await Exchanges(conn).start(turn.pending)
             await Exchanges(conn).finish(
                 turn.tenant_id,
                 turn.request_id,

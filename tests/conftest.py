@@ -11,11 +11,14 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import Config, DatabaseConfig, TenantConfig, UpstreamConfig
+from proxy.logs import configure_logging
 from proxy.offline import prepare_offline_environment
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
 
 prepare_offline_environment()
+# Access lines from the servers under test would drown pytest's output; failures show logs.
+configure_logging("warning", "console")
 
 # PostgreSQL for the session and a fresh database per test: postgres_url, database_url.
 pytest_plugins = ["tests.postgres"]

@@ -5,8 +5,8 @@ streamed with `stream_options.include_usage`, tool calls, `n`, logprobs, json re
 models, embeddings, and anything else echoed back. It records every request it receives, and a
 test can script the next replies (`script`) or slow the stream (`chunk_delay`).
 
-Like the real API, it rejects a `tool` message that does not answer a preceding assistant
-`tool_calls` entry (400), so tests notice orphaned tool messages.
+Like the real API, it rejects (400) a `tool` message that does not answer a preceding assistant
+`tool_calls` entry, and a call left unanswered before the next message, so tests notice both.
 """
 
 from __future__ import annotations
@@ -190,29 +190,38 @@ class FakeOpenAI:
         )
 
 
-def _orphan_tool_message(messages: list[dict[str, Any]]) -> int | None:
+def _tool_message_error(messages: list[dict[str, Any]]) -> str | None:
+    """The real API's two tool-call rules: every `tool` message answers a call of the
+    assistant message before it, and every call is answered before the next other message."""
     open_calls: set[str] = set()
     for i, message in enumerate(messages):
-        if message.get("role") == "assistant":
-            open_calls = {c["id"] for c in message.get("tool_calls") or []}
-        elif message.get("role") == "tool":
+        role = message.get("role")
+        if role == "tool":
             if message.get("tool_call_id") not in open_calls:
-                return i
-        else:
-            open_calls = set()
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    f"preceeding message with 'tool_calls'. (messages[{i}])"
+                )
+            open_calls.discard(message["tool_call_id"])
+            continue
+        if open_calls:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                f"responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                f"response messages: {', '.join(sorted(open_calls))} (messages[{i}])"
+            )
+        open_calls = (
+            {c["id"] for c in message.get("tool_calls") or []} if role == "assistant" else set()
+        )
     return None
 
 
 def chat_reply(body: dict[str, Any]) -> Reply:
     """What a cooperative model would say to `body`."""
     messages = body.get("messages") or []
-    orphan = _orphan_tool_message(messages)
-    if orphan is not None:
-        return error_reply(
-            400,
-            f"Invalid parameter: messages with role 'tool' must be a response to a "
-            f"preceeding message with 'tool_calls'. (messages[{orphan}])",
-        )
+    problem = _tool_message_error(messages)
+    if problem is not None:
+        return error_reply(400, problem)
     last = messages[-1] if messages else {}
     content = last.get("content")
     if isinstance(content, list):

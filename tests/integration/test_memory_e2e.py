@@ -424,8 +424,10 @@ async def test_tool_calls_under_tiny_budgets_never_reach_the_upstream_orphaned(
                             c["id"] for c in opener.get("tool_calls") or []
                         }
             attached_at_the_end.add(headers["x-memory-history-messages"])
-    # The budgets really cut the history in different places, down to nothing and up to all.
-    assert {"0", str(2 * len(steps) - 2)} < attached_at_the_end, attached_at_the_end
+    # The budgets really cut the history in different places, down to nothing and up to all
+    # but the call to "Which is warmer?", which the client never answered (the API rejects a
+    # call left dangling, so it is left out).
+    assert {"0", str(2 * len(steps) - 3)} < attached_at_the_end, attached_at_the_end
     assert len(fake.chat_requests) == len(steps) * len(budgets)
 
 
