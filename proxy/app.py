@@ -24,6 +24,7 @@ from proxy.memory import ConversationMemory, now
 from proxy.offline import prepare_offline_environment
 from proxy.routes import memory, openai, ops
 from proxy.state import AppState, build_upstream, new_http_client
+from proxy.upstream.litellm import LiteLLMUpstream
 from storage import migrate
 from storage.database import Database
 from storage.repositories.system import SystemRepository
@@ -71,11 +72,16 @@ def create_app(config: Config) -> Litestar:
                     name: build_upstream(name, upstream, http)
                     for name, upstream in config.upstreams.items()
                 }
+                for upstream in state.upstreams.values():
+                    if isinstance(upstream, LiteLLMUpstream):
+                        await upstream.load()  # seconds: now rather than on a first request
                 app.state.memproxy = state
                 try:
                     yield
                 finally:
                     await state.drain()
+                    for upstream in state.upstreams.values():
+                        await upstream.aclose()
         finally:
             await db.dispose()
 

@@ -51,3 +51,7 @@ class Upstream(Protocol):
     ) -> UpstreamReply:
         """Forward any other `/v1/*` request unchanged (raises NotFound where unsupported)."""
         ...
+
+    async def aclose(self) -> None:
+        """Release what the upstream holds itself; called once, at shutdown."""
+        ...

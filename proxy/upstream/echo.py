@@ -91,6 +91,9 @@ class EchoUpstream:
             code="unsupported_endpoint",
         )
 
+    async def aclose(self) -> None:
+        pass
+
 
 async def _stream(
     head: dict[str, Any], content: str, n: int, usage: dict[str, int] | None

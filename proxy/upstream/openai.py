@@ -57,6 +57,9 @@ class OpenAIUpstream:
         forwarded.update(self._auth)
         return await self._send(method, path, query, forwarded, body, None)
 
+    async def aclose(self) -> None:
+        pass  # the shared client belongs to the app
+
     async def _send(
         self,
         method: str,
