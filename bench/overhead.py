@@ -4,19 +4,23 @@ Three targets answer the same chat completion requests:
 
     direct     the fake upstream itself (no proxy: the baseline)
     floor      bench/floor_proxy.py, a bare Litestar + httpx pass-through, in front of it
-    memproxy   `memproxy serve`, its tenant on an `openai` upstream pointing at the fake
+    memproxy   `memproxy serve` with its defaults (memory on, SQLite in a temp dir), its tenant
+               on an `openai` upstream pointing at the fake
 
 Every server runs in its own process (uvicorn with uvloop and httptools) so none shares a GIL
-with this load generator. Each target has its own keep-alive httpx client and is warmed up
-first. Four scenarios: non-stream and stream, sequential and 32 concurrent clients.
-Sequentially the targets take turns request by request; concurrently they take turns in short
-segments (every client sends a few requests to one target, then the next target), so each
-target sees its own 32 clients and drift on this noisy machine hits all three alike.
+with this load generator. Each target has its own keep-alive client (bench/http1.py, or httpx
+with `--client httpx`) and is warmed up first. Four scenarios: non-stream and stream,
+sequential and 32 concurrent clients. Sequentially the targets take turns request by request;
+concurrently they take turns in short segments (every client sends a few requests to one
+target, then the next target), so each target sees its own 32 clients and drift on this noisy
+machine hits all three alike. Every request is the same one-message first turn of an
+anonymous user, so memproxy opens a conversation and stores the turn and the reply each time.
 
 "Added" is a target's p50 (or time to first token) minus direct's. The target: memproxy's
 added p50 and added TTFT at most 1.25x the floor's from the same run, and no buffering (the
-first chunk of a stream reaches the client before the upstream has finished it). Compare
-figures only within one run.
+first chunk of a stream reaches the client before the upstream has finished it). `cpu/req` is
+the CPU time each proxy process used over the scenario per request (all its threads), a
+steadier figure than latency on a shared machine. Compare figures only within one run.
 
     .venv/bin/python bench/overhead.py [--requests 300] [--json figures.json]
 """
@@ -122,9 +126,10 @@ def memproxy_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "proxy.cli"]
 
 
-def memproxy_config(upstream: str, workdir: Path) -> str:
+def memproxy_config(upstream: str, workdir: Path, database_url: str | None = None) -> str:
+    database = database_url or f"sqlite+aiosqlite:///{workdir}/memproxy.db"
     return (
-        f'database: {{url: "sqlite+aiosqlite:///{workdir}/memproxy.db"}}\n'
+        f'database: {{url: "{database}"}}\n'
         "upstreams:\n"
         f"  fake: {{kind: openai, base_url: {upstream}/v1, api_key: bench-upstream-key}}\n"
         "defaults: {upstream: fake}\n"
@@ -170,7 +175,7 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                 )
             )
             config = workdir / "config.yaml"
-            config.write_text(memproxy_config(fake.url, workdir))
+            config.write_text(memproxy_config(fake.url, workdir, args.database_url))
             port = free_port()
             started.append(
                 spawn(
@@ -535,7 +540,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, default=300, help="per target, sequential")
     parser.add_argument(
-        "--concurrent-requests", type=int, default=960, help="about this many per target, c32"
+        "--concurrent-requests", type=int, default=640, help="about this many per target, c32"
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
@@ -551,6 +556,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="load generator's HTTP client (httpx costs ~2 ms CPU per request here)",
     )
     parser.add_argument("--memory-mode", choices=["full", "read", "off"], default=None)
+    parser.add_argument(
+        "--database-url", help="memproxy's database (default: a fresh SQLite file in a temp dir)"
+    )
     parser.add_argument("--memproxy-log-level", default="info")
     parser.add_argument("--logs", help="keep the servers' logs in this directory")
     parser.add_argument("--json", help="also write the figures to this file")
@@ -577,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             "chunk_delay",
             "client",
             "memory_mode",
+            "database_url",
             "memproxy_log_level",
         )
     }
