@@ -40,8 +40,7 @@ async def sweep_abandoned_exchanges(db: Database) -> None:
     process writes, so all of them are abandoned; replicas sharing PostgreSQL may still be
     serving theirs, so only those older than any stream could last are swept."""
     cutoff = now() if db.is_sqlite else now() - STALE_EXCHANGE_AFTER
-    async with db.write() as conn:
-        swept = await SystemRepository(conn).sweep_in_progress(cutoff, now())
+    swept = await db.write(lambda conn: SystemRepository(conn).sweep_in_progress(cutoff, now()))
     if swept:
         log.warning("swept_abandoned_exchanges", count=swept)
 

@@ -12,9 +12,10 @@ import asyncio
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Literal
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection
 
 from policies.context import StoredTurn
 from policies.identity import (
@@ -84,10 +85,23 @@ class Outcome:
     attached: dict[str, Any] = field(default_factory=dict)
 
 
-async def count_tokens(message: dict[str, Any], model: str) -> int:
-    if len(message_text(message)) > TOKENIZE_INLINE_CHARS:
-        return await asyncio.to_thread(count_message, message, model)
-    return count_message(message, model)
+class TokenCounter:
+    """Counts messages' tokens inside a transaction. Texts too long to tokenize without
+    holding up the event loop are counted beforehand, in a worker thread (`prepare`)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._known: dict[int, int] = {}
+
+    async def prepare(self, messages: list[dict[str, Any]]) -> TokenCounter:
+        for m in messages:
+            if len(message_text(m)) > TOKENIZE_INLINE_CHARS:
+                self._known[id(m)] = await asyncio.to_thread(count_message, m, self.model)
+        return self
+
+    def __call__(self, message: dict[str, Any]) -> int:
+        known = self._known.get(id(message))
+        return known if known is not None else count_message(message, self.model)
 
 
 def _stored(record: MessageRecord) -> StoredTurn:
@@ -114,42 +128,29 @@ class ConversationMemory:
         context: ContextSettings,
     ) -> Turn:
         turn = Turn(request_id, tenant_id, user_id, mode, model)
+        exchange = NewExchange(
+            request_id=request_id,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            model=model,
+            upstream=upstream,
+            mode=mode,
+            stream=stream,
+            started_at=now(),
+            conversation_id=conversation_id,
+            idempotency_key=idempotency_key,
+        )
         if mode == "off" and idempotency_key is None:
             # Nothing to store before the upstream call: the exchange is recorded whole when
             # it ends, off the response path.
-            turn.pending = NewExchange(
-                request_id=request_id,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                model=model,
-                upstream=upstream,
-                mode=mode,
-                stream=stream,
-                started_at=now(),
-                conversation_id=conversation_id,
-            )
+            turn.pending = exchange
             return turn
+        count = await TokenCounter(model).prepare(messages)
         for attempt in (1, 2):
             try:
-                async with self.db.write() as conn:
-                    key = await self._resolve(
-                        conn, turn, conversation_id, idempotency_key, messages, context
-                    )
-                    await Exchanges(conn).start(
-                        NewExchange(
-                            request_id=request_id,
-                            tenant_id=tenant_id,
-                            user_id=user_id,
-                            model=model,
-                            upstream=upstream,
-                            mode=mode,
-                            stream=stream,
-                            started_at=now(),
-                            conversation_pk=turn.conversation.pk if turn.conversation else None,
-                            conversation_id=turn.conversation_id or conversation_id,
-                            idempotency_key=key,
-                        )
-                    )
+                await self.db.write(
+                    partial(self._begin, turn, exchange, conversation_id, messages, context, count)
+                )
                 return turn
             except ConflictError:
                 # A concurrent request created the same conversation or used the same
@@ -159,19 +160,38 @@ class ConversationMemory:
                 turn = Turn(request_id, tenant_id, user_id, mode, model)
         raise AssertionError("unreachable")
 
-    async def _resolve(
+    def _begin(
         self,
-        conn: AsyncConnection,
+        turn: Turn,
+        exchange: NewExchange,
+        conversation_id: str | None,
+        messages: list[dict[str, Any]],
+        context: ContextSettings,
+        count: TokenCounter,
+        conn: Connection,
+    ) -> None:
+        key = self._resolve(
+            conn, turn, conversation_id, exchange.idempotency_key, messages, context, count
+        )
+        exchange.idempotency_key = key
+        exchange.conversation_pk = turn.conversation.pk if turn.conversation else None
+        exchange.conversation_id = turn.conversation_id or conversation_id
+        Exchanges(conn).start(exchange)
+
+    def _resolve(
+        self,
+        conn: Connection,
         turn: Turn,
         conversation_id: str | None,
         idempotency_key: str | None,
         messages: list[dict[str, Any]],
         context: ContextSettings,
+        count: TokenCounter,
     ) -> str | None:
         """Fill `turn` in; return the idempotency key to record on the new exchange."""
         prior = None
         if idempotency_key:
-            prior = await Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
+            prior = Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
             if prior is not None and prior.user_id != turn.user_id:
                 # Not a retry: answering it as one would hand over the other user's context.
                 raise Unprocessable(
@@ -189,11 +209,9 @@ class ConversationMemory:
         if prior is not None:
             conv = None
             if prior.conversation_id:
-                conv = await conversations.get(
-                    turn.tenant_id, prior.conversation_id, for_update=writing
-                )
+                conv = conversations.get(turn.tenant_id, prior.conversation_id, for_update=writing)
         elif conversation_id:
-            conv = await conversations.get(turn.tenant_id, conversation_id, for_update=writing)
+            conv = conversations.get(turn.tenant_id, conversation_id, for_update=writing)
             if conv is not None and conv.user_id != turn.user_id:
                 raise NotFound(
                     f"No conversation {conversation_id!r} for user {turn.user_id!r}.",
@@ -201,11 +219,11 @@ class ConversationMemory:
                     code="conversation_not_found",
                 )
         else:
-            conv = await conversations.find_by_chain(
+            conv = conversations.find_by_chain(
                 turn.tenant_id, turn.user_id, hashes, for_update=writing
             )
         if conv is None and writing:
-            conv = await conversations.create(
+            conv = conversations.create(
                 turn.tenant_id,
                 turn.user_id,
                 conversation_id or new_conversation_id(),
@@ -221,7 +239,7 @@ class ConversationMemory:
         if prior is not None:
             # A replay is answered against the conversation as its original found it: without
             # the original's own messages and reply, and without anything stored after them.
-            tail = await conversations.tail(turn.tenant_id, conv.pk, window)
+            tail = conversations.tail(turn.tenant_id, conv.pk, window)
             cut = next(
                 (i for i, m in enumerate(tail) if m.exchange_id == prior.request_id), len(tail)
             )
@@ -229,7 +247,7 @@ class ConversationMemory:
             chain_count, chain_hash = rewind(chain_count, chain_hash, hashes, dropped)
             tail = tail[:cut]
         elif chain_count and not continues(chain_count, chain_hash, hashes):
-            tail = await conversations.tail(turn.tenant_id, conv.pk, window)
+            tail = conversations.tail(turn.tenant_id, conv.pk, window)
         split = split_request(
             messages, hashes, chain_count, chain_hash, [m.to_openai() for m in tail]
         )
@@ -247,21 +265,21 @@ class ConversationMemory:
                     name=m.get("name"),
                     tool_calls=m.get("tool_calls"),
                     tool_call_id=m.get("tool_call_id"),
-                    tokens=await count_tokens(m, turn.model),
+                    tokens=count(m),
                     chain_hash=h,
                     exchange_id=turn.request_id,
                 )
                 for m, h in zip(new, hashes_new, strict=True)
             ]
-            turn.conversation = await conversations.append(conv, turn.user_id, rows, now=now())
+            turn.conversation = conversations.append(conv, turn.user_id, rows, now=now())
         return key
 
-    async def import_messages(
-        self,
-        conn: AsyncConnection,
+    @staticmethod
+    def import_messages(
+        conn: Connection,
         conversation: ConversationRecord,
         messages: list[dict[str, Any]],
-        model: str = "",
+        count: TokenCounter,
     ) -> ConversationRecord:
         """Append messages to a conversation without calling a model (management API).
         `conversation` must have been read `for_update` in this transaction."""
@@ -273,7 +291,7 @@ class ConversationMemory:
                 name=m.get("name"),
                 tool_calls=m.get("tool_calls"),
                 tool_call_id=m.get("tool_call_id"),
-                tokens=await count_tokens(m, model),
+                tokens=count(m),
                 chain_hash=h,
                 created_at=parse_timestamp(m["created_at"], "created_at")
                 if "created_at" in m
@@ -281,50 +299,52 @@ class ConversationMemory:
             )
             for m, h in zip(messages, hashes, strict=True)
         ]
-        return await Conversations(conn).append(conversation, conversation.user_id, rows, now=now())
+        return Conversations(conn).append(conversation, conversation.user_id, rows, now=now())
 
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
-        async with self.db.write() as conn:
-            conv = turn.conversation
-            reply = outcome.reply
-            if turn.store_reply and conv is not None and reply is not None:
-                conversations = Conversations(conn)
-                fresh = await conversations.get(turn.tenant_id, conv.id, for_update=True)
-                if fresh is not None:
-                    complete = outcome.status == "complete"
-                    await conversations.append(
-                        fresh,
-                        turn.user_id,
-                        [
-                            NewMessage(
-                                role="assistant",
-                                content=reply.get("content"),
-                                tool_calls=reply.get("tool_calls"),
-                                tokens=await count_tokens(reply, turn.model),
-                                chain_hash=chain_next(fresh.chain_hash, reply)
-                                if complete
-                                else None,
-                                status=outcome.status,
-                                exchange_id=turn.request_id,
-                            )
-                        ],
-                        now=now(),
-                    )
-            usage = outcome.usage or {}
-            if turn.pending is not None:
-                await Exchanges(conn).start(turn.pending)
-            await Exchanges(conn).finish(
-                turn.tenant_id,
-                turn.request_id,
-                status=outcome.status,
-                http_status=outcome.http_status,
-                finished_at=now(),
-                latency_ms=outcome.latency_ms,
-                ttft_ms=outcome.ttft_ms,
-                upstream_ms=outcome.upstream_ms,
-                attached=outcome.attached,
-                usage=outcome.usage,
-                prompt_tokens=usage.get("prompt_tokens"),
-                completion_tokens=usage.get("completion_tokens"),
-                error=outcome.error,
-            )
+        """Store the reply (whole, partial or none) and close the exchange record."""
+        count = await TokenCounter(turn.model).prepare([outcome.reply] if outcome.reply else [])
+        await self.db.write(partial(self._finish, turn, outcome, count))
+
+    def _finish(self, turn: Turn, outcome: Outcome, count: TokenCounter, conn: Connection) -> None:
+        conv = turn.conversation
+        reply = outcome.reply
+        if turn.store_reply and conv is not None and reply is not None:
+            conversations = Conversations(conn)
+            fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
+            if fresh is not None:
+                complete = outcome.status == "complete"
+                conversations.append(
+                    fresh,
+                    turn.user_id,
+                    [
+                        NewMessage(
+                            role="assistant",
+                            content=reply.get("content"),
+                            tool_calls=reply.get("tool_calls"),
+                            tokens=count(reply),
+                            chain_hash=chain_next(fresh.chain_hash, reply) if complete else None,
+                            status=outcome.status,
+                            exchange_id=turn.request_id,
+                        )
+                    ],
+                    now=now(),
+                )
+        usage = outcome.usage or {}
+        if turn.pending is not None:
+            Exchanges(conn).start(turn.pending)
+        Exchanges(conn).finish(
+            turn.tenant_id,
+            turn.request_id,
+            status=outcome.status,
+            http_status=outcome.http_status,
+            finished_at=now(),
+            latency_ms=outcome.latency_ms,
+            ttft_ms=outcome.ttft_ms,
+            upstream_ms=outcome.upstream_ms,
+            attached=outcome.attached,
+            usage=outcome.usage,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            error=outcome.error,
+        )

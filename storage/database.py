@@ -1,89 +1,131 @@
 """Engine set-up and transactions, for SQLite (embedded default) and PostgreSQL (replicas).
 
-SQLite: WAL, foreign keys, a busy timeout, and one writer at a time. Writers queue on an
-asyncio lock and then take the database with `BEGIN IMMEDIATE`, so a transaction never has to
-upgrade its lock half-way (the source of `database is locked`), and waiting never blocks the
-event loop (aiosqlite runs each statement in its own thread).
+A unit of work is a plain function of a SQLAlchemy `Connection`; `write()` runs it in one
+transaction that commits when it returns and rolls back if it raises, `read()` in one
+read-only snapshot. Repositories are synchronous Core code, and each backend gets the cheapest
+way to run them without blocking the event loop:
 
-PostgreSQL: asyncpg with a connection pool; writers lock the rows they change.
+- SQLite: the whole unit of work runs in a worker thread, one hand-off per transaction (a
+  per-statement async driver costs several thread hand-offs per statement). Writes go through
+  a single writer thread and take the file with `BEGIN IMMEDIATE`, so a transaction never has
+  to upgrade its lock half-way (the cause of `database is locked`); reads run in a small pool
+  beside it, which WAL allows.
+- PostgreSQL: asyncpg, natively async; the unit of work runs on the event loop through
+  SQLAlchemy's `run_sync`, whose statements await the driver rather than block.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
-from sqlalchemy import event, text
+from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from storage.errors import StorageUnavailable
+from storage.errors import ConflictError, StorageError, StorageUnavailable
+
+T = TypeVar("T")
+Work = Callable[[Connection], T]
 
 SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",  # durable across a process crash; WAL keeps it consistent
     "PRAGMA foreign_keys=ON",
-    "PRAGMA busy_timeout=10000",
+    "PRAGMA busy_timeout=10000",  # another process (e.g. `memproxy migrate`) holding the file
 )
+SQLITE_READERS = 4
 
 
 class Database:
-    """The engine and the two ways to use it: `read()` and `write()` transactions."""
+    """The engine and the two ways to use it: `read(work)` and `write(work)`."""
 
     def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
-        options: dict[str, Any] = {"echo": echo, "pool_pre_ping": not self.is_sqlite}
-        if not self.is_sqlite:
-            options.update(pool_size=pool_size, max_overflow=pool_size * 2)
-        self.engine: AsyncEngine = create_async_engine(url, **options)
-        self._write_lock = asyncio.Lock() if self.is_sqlite else None
         if self.is_sqlite:
-            event.listen(self.engine.sync_engine, "connect", _sqlite_on_connect)
+            # The configured URL names the async driver; the threads use the standard one.
+            self._sync = create_engine(
+                url.replace("+aiosqlite", "", 1),
+                echo=echo,
+                isolation_level="AUTOCOMMIT",  # transactions are begun and ended below
+                pool_size=SQLITE_READERS + 1,
+                pool_reset_on_return=None,
+                connect_args={"check_same_thread": False},
+            )
+            event.listen(self._sync, "connect", _sqlite_on_connect)
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-writer")
+            self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="sqlite-reader")
+        else:
+            self._async = create_async_engine(
+                url, echo=echo, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True
+            )
 
-    @asynccontextmanager
-    async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only unit of work."""
-        try:
-            async with self.engine.connect() as conn:
-                yield conn
-        except (DBAPIError, OSError) as exc:
-            raise StorageUnavailable(str(exc)) from exc
+    async def write(self, work: Work[T]) -> T:
+        """Run `work` in one transaction: committed when it returns, rolled back if it raises."""
+        if self.is_sqlite:
+            return await self._in_thread(self._writer, "BEGIN IMMEDIATE", work)
+        with _translated():
+            async with self._async.begin() as conn:
+                return await conn.run_sync(work)
 
-    @asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncConnection]:
-        """One transaction that commits when the block ends and rolls back if it raises."""
-        if self._write_lock is None:
-            try:
-                async with self.engine.begin() as conn:
-                    yield conn
-            except (DBAPIError, OSError) as exc:
-                raise StorageUnavailable(str(exc)) from exc
-            return
-        async with self._write_lock:
-            try:
-                async with self.engine.connect() as conn:
-                    raw = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                    await raw.exec_driver_sql("BEGIN IMMEDIATE")
-                    try:
-                        yield raw
-                    except BaseException:
-                        await raw.exec_driver_sql("ROLLBACK")
-                        raise
-                    await raw.exec_driver_sql("COMMIT")
-            except (DBAPIError, OSError) as exc:
-                raise StorageUnavailable(str(exc)) from exc
+    async def read(self, work: Work[T]) -> T:
+        """Run `work` against one consistent snapshot; it must not write."""
+        if self.is_sqlite:
+            return await self._in_thread(self._readers, "BEGIN", work)
+        with _translated():
+            async with self._async.connect() as conn:
+                return await conn.run_sync(work)
 
     async def ping(self) -> None:
-        async with self.read() as conn:
-            await conn.execute(text("SELECT 1"))
+        await self.read(lambda conn: conn.execute(text("SELECT 1")))
 
     async def dispose(self) -> None:
-        await self.engine.dispose()
+        if self.is_sqlite:
+            await asyncio.to_thread(self._writer.shutdown)
+            await asyncio.to_thread(self._readers.shutdown)
+            self._sync.dispose()
+        else:
+            await self._async.dispose()
+
+    async def _in_thread(self, pool: ThreadPoolExecutor, begin: str, work: Work[T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(pool, partial(self._sqlite_unit, begin, work))
+
+    def _sqlite_unit(self, begin: str, work: Work[T]) -> T:
+        with _translated(), self._sync.connect() as conn:
+            conn.exec_driver_sql(begin)
+            try:
+                result = work(conn)
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+            return result
+
+
+class _translated:
+    """Driver errors become storage errors: what callers may catch (storage/errors.py)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is None or isinstance(exc, StorageError):
+            return
+        if isinstance(exc, IntegrityError):
+            raise ConflictError(str(exc.orig)) from exc
+        if isinstance(exc, OperationalError | InterfaceError | OSError):
+            raise StorageUnavailable(str(exc)) from exc
+        if isinstance(exc, DBAPIError):
+            raise StorageError(str(exc.orig)) from exc
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _: ConnectionPoolEntry) -> None:

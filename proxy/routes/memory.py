@@ -12,11 +12,12 @@ import msgspec
 from litestar import Request, Response, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
+from sqlalchemy import Connection
 
 from proxy.auth import Principal
 from proxy.completions import CONVERSATION_ID
 from proxy.errors import BadRequest, Conflict, NotFound
-from proxy.memory import new_conversation_id, now
+from proxy.memory import ConversationMemory, TokenCounter, new_conversation_id, now
 from proxy.requests import check_messages, parse_json_object
 from proxy.state import AppState
 from storage.errors import ConflictError
@@ -96,10 +97,10 @@ def _not_found(conversation_id: str) -> NotFound:
     )
 
 
-async def _conversation(
-    conn: Any, tenant_id: str, conversation_id: str, *, for_update: bool = False
+def _conversation(
+    conn: Connection, tenant_id: str, conversation_id: str, *, for_update: bool = False
 ) -> ConversationRecord:
-    found = await Conversations(conn).get(tenant_id, conversation_id, for_update=for_update)
+    found = Conversations(conn).get(tenant_id, conversation_id, for_update=for_update)
     if found is None:
         raise _not_found(conversation_id)
     return found
@@ -116,12 +117,15 @@ async def list_conversations(
         _user(user)
     limit = _limit(request)
     after = request.query_params.get("after")
-    async with services.db.read() as conn:
+
+    def work(conn: Connection) -> list[ConversationRecord]:
         repo = Conversations(conn)
-        cursor = await repo.get(principal.tenant_id, after) if after else None
+        cursor = repo.get(principal.tenant_id, after) if after else None
         if after and cursor is None:
             raise BadRequest(f"after: no conversation '{after}'.", param="after")
-        rows = await repo.list(principal.tenant_id, user, after=cursor, limit=limit + 1)
+        return repo.list(principal.tenant_id, user, after=cursor, limit=limit + 1)
+
+    rows = await services.db.read(work)
     return _json(page([conversation_object(c) for c in rows], limit))
 
 
@@ -148,17 +152,22 @@ async def create_conversation(
     messages = body.get("messages")
     if messages is not None:
         check_messages(messages, imported=True)
+    count = await TokenCounter("").prepare(messages or [])
+
+    def work(conn: Connection) -> ConversationRecord:
+        created = Conversations(conn).create(
+            principal.tenant_id,
+            user,
+            conversation_id or new_conversation_id(),
+            now=now(),
+            title=title,
+        )
+        if messages:
+            created = ConversationMemory.import_messages(conn, created, messages, count)
+        return created
+
     try:
-        async with services.db.write() as conn:
-            created = await Conversations(conn).create(
-                principal.tenant_id,
-                user,
-                conversation_id or new_conversation_id(),
-                now=now(),
-                title=title,
-            )
-            if messages:
-                created = await services.memory.import_messages(conn, created, messages)
+        created = await services.db.write(work)
     except ConflictError:
         raise Conflict(
             f"A conversation with id '{conversation_id}' already exists.",
@@ -174,8 +183,9 @@ async def get_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    async with services.db.read() as conn:
-        found = await _conversation(conn, principal.tenant_id, conversation_id)
+    found = await services.db.read(
+        lambda conn: _conversation(conn, principal.tenant_id, conversation_id)
+    )
     return _json(conversation_object(found))
 
 
@@ -209,11 +219,14 @@ async def update_conversation(
     unknown = set(body) - {"title", "archived", "metadata"}
     if unknown:
         raise BadRequest(f"Unknown field '{sorted(unknown)[0]}'.", param=sorted(unknown)[0])
-    async with services.db.write() as conn:
-        await _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
-        updated = await Conversations(conn).update(
+
+    def work(conn: Connection) -> ConversationRecord | None:
+        _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
+        return Conversations(conn).update(
             principal.tenant_id, conversation_id, now=now(), **changes
         )
+
+    updated = await services.db.write(work)
     assert updated is not None
     return _json(conversation_object(updated))
 
@@ -229,9 +242,10 @@ async def delete_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    async with services.db.write() as conn:
-        if not await Conversations(conn).delete(principal.tenant_id, conversation_id):
-            raise _not_found(conversation_id)
+    if not await services.db.write(
+        lambda conn: Conversations(conn).delete(principal.tenant_id, conversation_id)
+    ):
+        raise _not_found(conversation_id)
     return _json({"id": conversation_id, "object": "memory.conversation.deleted", "deleted": True})
 
 
@@ -248,25 +262,22 @@ async def list_messages(
 ) -> Response[Any]:
     limit = _limit(request, default=100)
     after = request.query_params.get("after")
-    async with services.db.read() as conn:
-        found = await _conversation(conn, principal.tenant_id, conversation_id)
+
+    def work(conn: Connection) -> list[MessageRecord]:
+        found = _conversation(conn, principal.tenant_id, conversation_id)
         repo = Conversations(conn)
         after_seq = 0
         if after:
             pk = after.removeprefix("msg_")
-            seq = (
-                await repo.message_seq(principal.tenant_id, found.pk, int(pk))
-                if pk.isdigit()
-                else None
-            )
+            seq = repo.message_seq(principal.tenant_id, found.pk, int(pk)) if pk.isdigit() else None
             if seq is None:
                 raise BadRequest(
                     f"after: no message '{after}' in this conversation.", param="after"
                 )
             after_seq = seq
-        rows = await repo.messages(
-            principal.tenant_id, found.pk, after_seq=after_seq, limit=limit + 1
-        )
+        return repo.messages(principal.tenant_id, found.pk, after_seq=after_seq, limit=limit + 1)
+
+    rows = await services.db.read(work)
     return _json(page([message_object(conversation_id, m) for m in rows], limit))
 
 
@@ -282,13 +293,16 @@ async def append_messages(
     body = parse_json_object(await request.body())
     messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]
     check_messages(messages, imported=True)
-    async with services.db.write() as conn:
-        found = await _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
-        first_new = found.next_seq
-        updated = await services.memory.import_messages(conn, found, messages)
-        rows = await Conversations(conn).messages(
-            principal.tenant_id, updated.pk, after_seq=first_new - 1, limit=len(messages)
+    count = await TokenCounter("").prepare(messages)
+
+    def work(conn: Connection) -> list[MessageRecord]:
+        found = _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
+        updated = ConversationMemory.import_messages(conn, found, messages, count)
+        return Conversations(conn).messages(
+            principal.tenant_id, updated.pk, after_seq=found.next_seq - 1, limit=len(messages)
         )
+
+    rows = await services.db.write(work)
     return _json(page([message_object(conversation_id, m) for m in rows], len(rows) or 1), 201)
 
 
@@ -304,8 +318,9 @@ async def delete_user(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     _user(user_id, "user_id")
-    async with services.db.write() as conn:
-        counts = await Conversations(conn).delete_user(principal.tenant_id, user_id)
+    counts = await services.db.write(
+        lambda conn: Conversations(conn).delete_user(principal.tenant_id, user_id)
+    )
     return _json({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
 
 

@@ -7,9 +7,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.errors import ConflictError
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
@@ -34,10 +33,10 @@ def _message(row: Any) -> MessageRecord:
 
 
 class Conversations:
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    async def get(
+    def get(
         self, tenant_id: str, conversation_id: str, *, for_update: bool = False
     ) -> ConversationRecord | None:
         query = select(*_CONVERSATION_COLUMNS).where(
@@ -45,10 +44,10 @@ class Conversations:
         )
         if for_update:
             query = query.with_for_update()
-        row = (await self.conn.execute(query)).first()
+        row = (self.conn.execute(query)).first()
         return _conversation(row) if row else None
 
-    async def find_by_chain(
+    def find_by_chain(
         self, tenant_id: str, user_id: str, hashes: Sequence[str], *, for_update: bool = False
     ) -> ConversationRecord | None:
         """The newest conversation of this user whose whole chain is a prefix of the request.
@@ -66,17 +65,17 @@ class Conversations:
                 .order_by(C.c.updated_at.desc(), C.c.pk.desc())
                 .limit(1)
             )
-            row = (await self.conn.execute(query)).first()
+            row = (self.conn.execute(query)).first()
             if row is None:
                 continue
             found = _conversation(row)  # aware datetimes: SQLite's rows carry naive ones
             if best is None or (found.updated_at, found.pk) > (best.updated_at, best.pk):
                 best = found
         if best is not None and for_update:
-            return await self.get(tenant_id, best.id, for_update=True)
+            return self.get(tenant_id, best.id, for_update=True)
         return best
 
-    async def create(
+    def create(
         self,
         tenant_id: str,
         user_id: str,
@@ -101,14 +100,14 @@ class Conversations:
             "updated_at": now,
         }
         try:
-            result = await self.conn.execute(
+            result = self.conn.execute(
                 insert(C).values(**values, metadata=meta or {}).returning(C.c.pk)
             )
         except IntegrityError as exc:
             raise ConflictError(f"conversation {conversation_id!r} exists") from exc
         return ConversationRecord(pk=result.scalar_one(), meta=meta or {}, **values)
 
-    async def append(
+    def append(
         self,
         conversation: ConversationRecord,
         user_id: str,
@@ -147,21 +146,21 @@ class Conversations:
             )
             if m.chain_hash is not None:
                 chain_count, chain_hash = chain_count + 1, m.chain_hash
-        await self.conn.execute(insert(M), rows)
+        self.conn.execute(insert(M), rows)
         changes: dict[str, Any] = {
             "next_seq": seq + len(rows),
             "chain_count": chain_count,
             "chain_hash": chain_hash,
             "updated_at": now,
         }
-        await self.conn.execute(
+        self.conn.execute(
             update(C)
             .where(C.c.tenant_id == conversation.tenant_id, C.c.pk == conversation.pk)
             .values(**changes)
         )
         return replace(conversation, **changes)
 
-    async def tail(self, tenant_id: str, conversation_pk: int, limit: int) -> list[MessageRecord]:
+    def tail(self, tenant_id: str, conversation_pk: int, limit: int) -> list[MessageRecord]:
         """The newest `limit` messages of the chain, oldest first (one index range read)."""
         query = (
             select(*_MESSAGE_COLUMNS)
@@ -173,10 +172,10 @@ class Conversations:
             .order_by(M.c.seq.desc())
             .limit(limit)
         )
-        rows = (await self.conn.execute(query)).all()
+        rows = (self.conn.execute(query)).all()
         return [_message(r) for r in reversed(rows)]
 
-    async def messages(
+    def messages(
         self, tenant_id: str, conversation_pk: int, *, after_seq: int = 0, limit: int = 100
     ) -> list[MessageRecord]:
         """Every message (partial replies included) in order, for the management API."""
@@ -190,9 +189,9 @@ class Conversations:
             .order_by(M.c.seq)
             .limit(limit)
         )
-        return [_message(r) for r in (await self.conn.execute(query)).all()]
+        return [_message(r) for r in (self.conn.execute(query)).all()]
 
-    async def list(
+    def list(
         self,
         tenant_id: str,
         user_id: str | None,
@@ -220,46 +219,46 @@ class Conversations:
             .order_by(C.c.updated_at.desc(), C.c.pk.desc())
             .limit(limit)
         )
-        return [_conversation(r) for r in (await self.conn.execute(query)).all()]
+        return [_conversation(r) for r in (self.conn.execute(query)).all()]
 
-    async def update(
+    def update(
         self, tenant_id: str, conversation_id: str, *, now: datetime, **changes: Any
     ) -> ConversationRecord | None:
         allowed = {k: v for k, v in changes.items() if k in ("title", "archived")}
         if "meta" in changes:
             allowed["metadata"] = changes["meta"]
-        await self.conn.execute(
+        self.conn.execute(
             update(C)
             .where(C.c.tenant_id == tenant_id, C.c.id == conversation_id)
             .values(**allowed, updated_at=now)
         )
-        return await self.get(tenant_id, conversation_id)
+        return self.get(tenant_id, conversation_id)
 
-    async def delete(self, tenant_id: str, conversation_id: str) -> bool:
+    def delete(self, tenant_id: str, conversation_id: str) -> bool:
         """Delete a conversation and its messages; its exchanges keep their figures."""
-        found = await self.get(tenant_id, conversation_id)
+        found = self.get(tenant_id, conversation_id)
         if found is None:
             return False
-        await self.conn.execute(
+        self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )
-        await self.conn.execute(
+        self.conn.execute(
             update(E)
             .where(E.c.tenant_id == tenant_id, E.c.conversation_pk == found.pk)
             .values(conversation_pk=None)
         )
-        await self.conn.execute(delete(C).where(C.c.tenant_id == tenant_id, C.c.pk == found.pk))
+        self.conn.execute(delete(C).where(C.c.tenant_id == tenant_id, C.c.pk == found.pk))
         return True
 
-    async def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
+    def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
         """Erase everything stored for one user of one tenant."""
-        messages = await self.conn.execute(
+        messages = self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.user_id == user_id)
         )
-        exchanges = await self.conn.execute(
+        exchanges = self.conn.execute(
             delete(E).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
         )
-        conversations = await self.conn.execute(
+        conversations = self.conn.execute(
             delete(C).where(C.c.tenant_id == tenant_id, C.c.user_id == user_id)
         )
         return {
@@ -268,16 +267,14 @@ class Conversations:
             "exchanges": exchanges.rowcount,
         }
 
-    async def message_seq(
-        self, tenant_id: str, conversation_pk: int, message_pk: int
-    ) -> int | None:
+    def message_seq(self, tenant_id: str, conversation_pk: int, message_pk: int) -> int | None:
         query = select(M.c.seq).where(
             M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk, M.c.pk == message_pk
         )
-        return (await self.conn.execute(query)).scalar_one_or_none()
+        return (self.conn.execute(query)).scalar_one_or_none()
 
-    async def count_messages(self, tenant_id: str, conversation_pk: int) -> int:
+    def count_messages(self, tenant_id: str, conversation_pk: int) -> int:
         query = select(func.count()).where(
             M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk
         )
-        return int((await self.conn.execute(query)).scalar_one())
+        return int((self.conn.execute(query)).scalar_one())

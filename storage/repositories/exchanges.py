@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.errors import ConflictError
 from storage.models import EXCHANGES
@@ -34,13 +33,13 @@ FINISH_FIELDS = frozenset(
 
 
 class Exchanges:
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    async def start(self, exchange: NewExchange) -> None:
+    def start(self, exchange: NewExchange) -> None:
         """Open the exchange; ConflictError if its request id or idempotency key is taken."""
         try:
-            await self.conn.execute(
+            self.conn.execute(
                 insert(E).values(**dataclasses.asdict(exchange), status="in_progress")
             )
         except IntegrityError as exc:
@@ -48,22 +47,22 @@ class Exchanges:
                 f"exchange {exchange.request_id!r} or its idempotency key exists"
             ) from exc
 
-    async def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
+    def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
         unknown = set(fields) - FINISH_FIELDS
         if unknown:
             raise ValueError(f"not exchange fields: {sorted(unknown)}")
-        await self.conn.execute(
+        self.conn.execute(
             update(E)
             .where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
             .values(**fields)
         )
 
-    async def get(self, tenant_id: str, request_id: str) -> ExchangeRecord | None:
+    def get(self, tenant_id: str, request_id: str) -> ExchangeRecord | None:
         query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
-        row = (await self.conn.execute(query)).first()
+        row = (self.conn.execute(query)).first()
         return ExchangeRecord(**utc_row(row)) if row else None
 
-    async def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
+    def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
         query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.idempotency_key == key)
-        row = (await self.conn.execute(query)).first()
+        row = (self.conn.execute(query)).first()
         return ExchangeRecord(**utc_row(row)) if row else None

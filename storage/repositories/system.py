@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import text, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, text, update
 
 from storage.models import EXCHANGES
 
@@ -16,15 +15,15 @@ E = EXCHANGES
 
 
 class SystemRepository:
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    async def ping(self) -> None:
-        await self.conn.execute(text("SELECT 1"))
+    def ping(self) -> None:
+        self.conn.execute(text("SELECT 1"))
 
-    async def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
+    def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
         """Mark exchanges a crashed process left `in_progress` as `incomplete`."""
-        result = await self.conn.execute(
+        result = self.conn.execute(
             update(E)
             .where(E.c.status == "in_progress", E.c.started_at < started_before)
             .values(
