@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
@@ -22,6 +22,37 @@ _CONVERSATION_COLUMNS = columns(C, ConversationRecord)
 _MESSAGE_COLUMNS = columns(M, MessageRecord)
 # Hashes per IN (...) probe; well under every driver's parameter limit.
 _CHAIN_PROBE = 500
+
+# The request path's statements, built once: values travel as parameters, so SQLAlchemy
+# neither rebuilds nor re-keys a statement per call.
+_GET = select(*_CONVERSATION_COLUMNS).where(
+    C.c.tenant_id == bindparam("w_tenant"), C.c.id == bindparam("w_id")
+)
+_GET_FOR_UPDATE = _GET.with_for_update()
+_BY_CHAIN = (
+    select(*_CONVERSATION_COLUMNS)
+    .where(
+        C.c.tenant_id == bindparam("w_tenant"),
+        C.c.user_id == bindparam("w_user"),
+        C.c.chain_hash.in_(bindparam("w_hashes", expanding=True)),
+    )
+    .order_by(C.c.updated_at.desc(), C.c.pk.desc())
+    .limit(1)
+)
+_INSERT_CONVERSATION = insert(C).returning(C.c.pk)
+_INSERT_MESSAGES = insert(M)
+# SET comes from the parameters' column keys; the WHERE binds are named apart from them.
+_ADVANCE = update(C).where(C.c.tenant_id == bindparam("w_tenant"), C.c.pk == bindparam("w_pk"))
+_TAIL = (
+    select(*_MESSAGE_COLUMNS)
+    .where(
+        M.c.tenant_id == bindparam("w_tenant"),
+        M.c.conversation_pk == bindparam("w_pk"),
+        M.c.status == "complete",
+    )
+    .order_by(M.c.seq.desc())
+    .limit(bindparam("w_limit"))
+)
 
 
 def _conversation(row: Any) -> ConversationRecord:
@@ -39,12 +70,8 @@ class Conversations:
     def get(
         self, tenant_id: str, conversation_id: str, *, for_update: bool = False
     ) -> ConversationRecord | None:
-        query = select(*_CONVERSATION_COLUMNS).where(
-            C.c.tenant_id == tenant_id, C.c.id == conversation_id
-        )
-        if for_update:
-            query = query.with_for_update()
-        row = (self.conn.execute(query)).first()
+        query = _GET_FOR_UPDATE if for_update else _GET
+        row = self.conn.execute(query, {"w_tenant": tenant_id, "w_id": conversation_id}).first()
         return _conversation(row) if row else None
 
     def find_by_chain(
@@ -57,15 +84,8 @@ class Conversations:
         best: ConversationRecord | None = None
         for start in range(0, len(hashes), _CHAIN_PROBE):
             probe = list(hashes[start : start + _CHAIN_PROBE])
-            query = (
-                select(*_CONVERSATION_COLUMNS)
-                .where(
-                    C.c.tenant_id == tenant_id, C.c.user_id == user_id, C.c.chain_hash.in_(probe)
-                )
-                .order_by(C.c.updated_at.desc(), C.c.pk.desc())
-                .limit(1)
-            )
-            row = (self.conn.execute(query)).first()
+            params = {"w_tenant": tenant_id, "w_user": user_id, "w_hashes": probe}
+            row = self.conn.execute(_BY_CHAIN, params).first()
             if row is None:
                 continue
             found = _conversation(row)  # aware datetimes: SQLite's rows carry naive ones
@@ -100,9 +120,7 @@ class Conversations:
             "updated_at": now,
         }
         try:
-            result = self.conn.execute(
-                insert(C).values(**values, metadata=meta or {}).returning(C.c.pk)
-            )
+            result = self.conn.execute(_INSERT_CONVERSATION, {**values, "metadata": meta or {}})
         except IntegrityError as exc:
             raise ConflictError(f"conversation {conversation_id!r} exists") from exc
         return ConversationRecord(pk=result.scalar_one(), meta=meta or {}, **values)
@@ -146,7 +164,7 @@ class Conversations:
             )
             if m.chain_hash is not None:
                 chain_count, chain_hash = chain_count + 1, m.chain_hash
-        self.conn.execute(insert(M), rows)
+        self.conn.execute(_INSERT_MESSAGES, rows)
         changes: dict[str, Any] = {
             "next_seq": seq + len(rows),
             "chain_count": chain_count,
@@ -154,25 +172,14 @@ class Conversations:
             "updated_at": now,
         }
         self.conn.execute(
-            update(C)
-            .where(C.c.tenant_id == conversation.tenant_id, C.c.pk == conversation.pk)
-            .values(**changes)
+            _ADVANCE, {**changes, "w_tenant": conversation.tenant_id, "w_pk": conversation.pk}
         )
         return replace(conversation, **changes)
 
     def tail(self, tenant_id: str, conversation_pk: int, limit: int) -> list[MessageRecord]:
         """The newest `limit` messages of the chain, oldest first (one index range read)."""
-        query = (
-            select(*_MESSAGE_COLUMNS)
-            .where(
-                M.c.tenant_id == tenant_id,
-                M.c.conversation_pk == conversation_pk,
-                M.c.status == "complete",
-            )
-            .order_by(M.c.seq.desc())
-            .limit(limit)
-        )
-        rows = (self.conn.execute(query)).all()
+        params = {"w_tenant": tenant_id, "w_pk": conversation_pk, "w_limit": limit}
+        rows = self.conn.execute(_TAIL, params).all()
         return [_message(r) for r in reversed(rows)]
 
     def messages(

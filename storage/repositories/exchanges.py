@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
@@ -32,6 +32,16 @@ FINISH_FIELDS = frozenset(
 )
 
 
+# Built once; values travel as parameters (see repositories/conversations.py).
+_INSERT = insert(E)
+_FINISH = update(E).where(
+    E.c.tenant_id == bindparam("w_tenant"), E.c.request_id == bindparam("w_request")
+)
+_BY_KEY = select(*_COLUMNS).where(
+    E.c.tenant_id == bindparam("w_tenant"), E.c.idempotency_key == bindparam("w_key")
+)
+
+
 class Exchanges:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -39,9 +49,7 @@ class Exchanges:
     def start(self, exchange: NewExchange) -> None:
         """Open the exchange; ConflictError if its request id or idempotency key is taken."""
         try:
-            self.conn.execute(
-                insert(E).values(**dataclasses.asdict(exchange), status="in_progress")
-            )
+            self.conn.execute(_INSERT, {**dataclasses.asdict(exchange), "status": "in_progress"})
         except IntegrityError as exc:
             raise ConflictError(
                 f"exchange {exchange.request_id!r} or its idempotency key exists"
@@ -51,11 +59,7 @@ class Exchanges:
         unknown = set(fields) - FINISH_FIELDS
         if unknown:
             raise ValueError(f"not exchange fields: {sorted(unknown)}")
-        self.conn.execute(
-            update(E)
-            .where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
-            .values(**fields)
-        )
+        self.conn.execute(_FINISH, {**fields, "w_tenant": tenant_id, "w_request": request_id})
 
     def get(self, tenant_id: str, request_id: str) -> ExchangeRecord | None:
         query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
@@ -63,6 +67,5 @@ class Exchanges:
         return ExchangeRecord(**utc_row(row)) if row else None
 
     def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
-        query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.idempotency_key == key)
-        row = (self.conn.execute(query)).first()
+        row = self.conn.execute(_BY_KEY, {"w_tenant": tenant_id, "w_key": key}).first()
         return ExchangeRecord(**utc_row(row)) if row else None
