@@ -31,7 +31,7 @@ from proxy.config import ContextSettings
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
-from storage.errors import ConflictError
+from storage.errors import ConflictError, StaleConversation
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
@@ -102,6 +102,31 @@ class TokenCounter:
     def __call__(self, message: dict[str, Any]) -> int:
         known = self._known.get(id(message))
         return known if known is not None else count_message(message, self.model)
+
+
+def _new_messages(
+    messages: list[dict[str, Any]],
+    hashes: list[str],
+    count: TokenCounter,
+    exchange_id: str | None = None,
+) -> list[NewMessage]:
+    """Rows for complete messages; `created_at` (imports) is honoured when present."""
+    return [
+        NewMessage(
+            role=str(m["role"]),
+            content=m.get("content"),
+            name=m.get("name"),
+            tool_calls=m.get("tool_calls"),
+            tool_call_id=m.get("tool_call_id"),
+            tokens=count(m),
+            chain_hash=h,
+            exchange_id=exchange_id,
+            created_at=parse_timestamp(m["created_at"], "created_at")
+            if "created_at" in m
+            else None,
+        )
+        for m, h in zip(messages, hashes, strict=True)
+    ]
 
 
 def _stored(record: MessageRecord) -> StoredTurn:
@@ -222,17 +247,23 @@ class ConversationMemory:
             conv = conversations.find_by_chain(
                 turn.tenant_id, turn.user_id, hashes, for_update=writing
             )
-        if conv is None and writing:
-            conv = conversations.create(
-                turn.tenant_id,
-                turn.user_id,
-                conversation_id or new_conversation_id(),
-                now=now(),
-                fingerprint=fingerprint(messages),
-            )
-        turn.conversation = conv
         if conv is None:
+            if writing:
+                # A new conversation: everything the request carries is new (but for a
+                # replay, whose original stored it elsewhere), stored as the conversation opens.
+                turn.conversation = conversations.create(
+                    turn.tenant_id,
+                    turn.user_id,
+                    conversation_id or new_conversation_id(),
+                    now=now(),
+                    fingerprint=fingerprint(messages),
+                    messages=[]
+                    if prior
+                    else _new_messages(messages, hashes, count, turn.request_id),
+                )
+                turn.store_reply = prior is None or prior.status != "complete"
             return key
+        turn.conversation = conv
         window = max(context.max_history_messages, context.min_recent_messages) + TAIL_SLACK
         tail: list[MessageRecord] = []
         chain_count, chain_hash = conv.chain_count, conv.chain_hash
@@ -257,20 +288,7 @@ class ConversationMemory:
         new = [] if prior is not None else split.new
         turn.store_reply = writing and (prior is None or prior.status != "complete")
         if writing and new:
-            hashes_new = chain_hashes(new, conv.chain_hash)
-            rows = [
-                NewMessage(
-                    role=str(m.get("role")),
-                    content=m.get("content"),
-                    name=m.get("name"),
-                    tool_calls=m.get("tool_calls"),
-                    tool_call_id=m.get("tool_call_id"),
-                    tokens=count(m),
-                    chain_hash=h,
-                    exchange_id=turn.request_id,
-                )
-                for m, h in zip(new, hashes_new, strict=True)
-            ]
+            rows = _new_messages(new, chain_hashes(new, conv.chain_hash), count, turn.request_id)
             turn.conversation = conversations.append(conv, turn.user_id, rows, now=now())
         return key
 
@@ -284,21 +302,7 @@ class ConversationMemory:
         """Append messages to a conversation without calling a model (management API).
         `conversation` must have been read `for_update` in this transaction."""
         hashes = chain_hashes(messages, conversation.chain_hash)  # created_at is not hashed
-        rows = [
-            NewMessage(
-                role=str(m["role"]),
-                content=m.get("content"),
-                name=m.get("name"),
-                tool_calls=m.get("tool_calls"),
-                tool_call_id=m.get("tool_call_id"),
-                tokens=count(m),
-                chain_hash=h,
-                created_at=parse_timestamp(m["created_at"], "created_at")
-                if "created_at" in m
-                else None,
-            )
-            for m, h in zip(messages, hashes, strict=True)
-        ]
+        rows = _new_messages(messages, hashes, count)
         return Conversations(conn).append(conversation, conversation.user_id, rows, now=now())
 
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
@@ -311,25 +315,28 @@ class ConversationMemory:
         reply = outcome.reply
         if turn.store_reply and conv is not None and reply is not None:
             conversations = Conversations(conn)
-            fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
-            if fresh is not None:
+            tokens = count(reply)
+
+            def store(at: ConversationRecord) -> None:
                 complete = outcome.status == "complete"
-                conversations.append(
-                    fresh,
-                    turn.user_id,
-                    [
-                        NewMessage(
-                            role="assistant",
-                            content=reply.get("content"),
-                            tool_calls=reply.get("tool_calls"),
-                            tokens=count(reply),
-                            chain_hash=chain_next(fresh.chain_hash, reply) if complete else None,
-                            status=outcome.status,
-                            exchange_id=turn.request_id,
-                        )
-                    ],
-                    now=now(),
+                message = NewMessage(
+                    role="assistant",
+                    content=reply.get("content"),
+                    tool_calls=reply.get("tool_calls"),
+                    tokens=tokens,
+                    chain_hash=chain_next(at.chain_hash, reply) if complete else None,
+                    status=outcome.status,
+                    exchange_id=turn.request_id,
                 )
+                conversations.append(at, turn.user_id, [message], now=now())
+
+            try:
+                # Usually nothing was stored since begin(): no need to read the row again.
+                store(conv)
+            except StaleConversation:
+                fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
+                if fresh is not None:  # (deleted meanwhile: the reply goes nowhere)
+                    store(fresh)
         usage = outcome.usage or {}
         if turn.pending is not None:
             Exchanges(conn).start(turn.pending)

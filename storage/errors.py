@@ -23,3 +23,7 @@ class NotFoundError(StorageError):
 
 class ConflictError(StorageError):
     pass
+
+
+class StaleConversation(StorageError):
+    pass

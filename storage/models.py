@@ -19,6 +19,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -121,7 +122,14 @@ class Exchange(Base):
 
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_exchanges_idempotency"),
-        Index("ix_exchanges_status_started", "status", "started_at"),
+        # Only the exchanges still in progress: what the crash sweeper looks for, and a tiny
+        # index that a finished exchange leaves.
+        Index(
+            "ix_exchanges_in_progress",
+            "started_at",
+            sqlite_where=text("status = 'in_progress'"),
+            postgresql_where=text("status = 'in_progress'"),
+        ),
         Index("ix_exchanges_tenant_started", "tenant_id", "started_at"),
         Index("ix_exchanges_tenant_user", "tenant_id", "user_id"),
     )

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from storage.errors import ConflictError
+from storage.errors import ConflictError, StaleConversation
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.rows import columns, utc_row
@@ -42,7 +42,11 @@ _BY_CHAIN = (
 _INSERT_CONVERSATION = insert(C).returning(C.c.pk)
 _INSERT_MESSAGES = insert(M)
 # SET comes from the parameters' column keys; the WHERE binds are named apart from them.
-_ADVANCE = update(C).where(C.c.tenant_id == bindparam("w_tenant"), C.c.pk == bindparam("w_pk"))
+_ADVANCE = update(C).where(
+    C.c.tenant_id == bindparam("w_tenant"),
+    C.c.pk == bindparam("w_pk"),
+    C.c.next_seq == bindparam("w_seq"),
+)
 _TAIL = (
     select(*_MESSAGE_COLUMNS)
     .where(
@@ -53,6 +57,43 @@ _TAIL = (
     .order_by(M.c.seq.desc())
     .limit(bindparam("w_limit"))
 )
+
+
+def _chain_after(count: int, chain_hash: str, messages: Sequence[NewMessage]) -> tuple[int, str]:
+    """The chain's length and hash once `messages` are stored (partial replies are outside)."""
+    for m in messages:
+        if m.chain_hash is not None:
+            count, chain_hash = count + 1, m.chain_hash
+    return count, chain_hash
+
+
+def _rows(
+    conversation: ConversationRecord,
+    user_id: str,
+    first_seq: int,
+    messages: Sequence[NewMessage],
+    now: datetime,
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "conversation_pk": conversation.pk,
+            "tenant_id": conversation.tenant_id,
+            "user_id": user_id,
+            "seq": first_seq + offset,
+            "role": m.role,
+            "content": m.content,
+            "name": m.name,
+            "tool_calls": m.tool_calls,
+            "tool_call_id": m.tool_call_id,
+            "tokens": m.tokens,
+            "status": m.status,
+            "chain_hash": m.chain_hash,
+            "exchange_id": m.exchange_id,
+            "created_at": m.created_at or now,
+            "metadata": m.meta,
+        }
+        for offset, m in enumerate(messages)
+    ]
 
 
 def _conversation(row: Any) -> ConversationRecord:
@@ -105,7 +146,10 @@ class Conversations:
         title: str | None = None,
         fingerprint: str | None = None,
         meta: dict[str, Any] | None = None,
+        messages: Sequence[NewMessage] = (),
     ) -> ConversationRecord:
+        """A new conversation, with its first messages (chain hashes from the empty chain)."""
+        chain_count, chain_hash = _chain_after(0, "", messages)
         values: dict[str, Any] = {
             "tenant_id": tenant_id,
             "id": conversation_id,
@@ -113,9 +157,9 @@ class Conversations:
             "title": title,
             "fingerprint": fingerprint,
             "archived": False,
-            "chain_count": 0,
-            "chain_hash": "",
-            "next_seq": 1,
+            "chain_count": chain_count,
+            "chain_hash": chain_hash,
+            "next_seq": 1 + len(messages),
             "created_at": now,
             "updated_at": now,
         }
@@ -123,7 +167,10 @@ class Conversations:
             result = self.conn.execute(_INSERT_CONVERSATION, {**values, "metadata": meta or {}})
         except IntegrityError as exc:
             raise ConflictError(f"conversation {conversation_id!r} exists") from exc
-        return ConversationRecord(pk=result.scalar_one(), meta=meta or {}, **values)
+        created = ConversationRecord(pk=result.scalar_one(), meta=meta or {}, **values)
+        if messages:
+            self.conn.execute(_INSERT_MESSAGES, _rows(created, user_id, 1, messages, now))
+        return created
 
     def append(
         self,
@@ -135,45 +182,25 @@ class Conversations:
     ) -> ConversationRecord:
         """Store messages after the conversation's last one and advance its chain.
 
-        The caller holds the conversation row (read `for_update` in this transaction) and has
-        computed each complete message's chain hash from `conversation.chain_hash`."""
+        Each complete message's chain hash continues `conversation.chain_hash`. The row is
+        advanced only if nothing was appended since `conversation` was read; otherwise
+        StaleConversation is raised and nothing is written (read it again, `for_update`)."""
         if not messages:
             return conversation
         seq = conversation.next_seq
-        rows = []
-        chain_count, chain_hash = conversation.chain_count, conversation.chain_hash
-        for offset, m in enumerate(messages):
-            rows.append(
-                {
-                    "conversation_pk": conversation.pk,
-                    "tenant_id": conversation.tenant_id,
-                    "user_id": user_id,
-                    "seq": seq + offset,
-                    "role": m.role,
-                    "content": m.content,
-                    "name": m.name,
-                    "tool_calls": m.tool_calls,
-                    "tool_call_id": m.tool_call_id,
-                    "tokens": m.tokens,
-                    "status": m.status,
-                    "chain_hash": m.chain_hash,
-                    "exchange_id": m.exchange_id,
-                    "created_at": m.created_at or now,
-                    "metadata": m.meta,
-                }
-            )
-            if m.chain_hash is not None:
-                chain_count, chain_hash = chain_count + 1, m.chain_hash
-        self.conn.execute(_INSERT_MESSAGES, rows)
+        chain_count, chain_hash = _chain_after(
+            conversation.chain_count, conversation.chain_hash, messages
+        )
         changes: dict[str, Any] = {
-            "next_seq": seq + len(rows),
+            "next_seq": seq + len(messages),
             "chain_count": chain_count,
             "chain_hash": chain_hash,
             "updated_at": now,
         }
-        self.conn.execute(
-            _ADVANCE, {**changes, "w_tenant": conversation.tenant_id, "w_pk": conversation.pk}
-        )
+        where = {"w_tenant": conversation.tenant_id, "w_pk": conversation.pk, "w_seq": seq}
+        if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
+            raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
+        self.conn.execute(_INSERT_MESSAGES, _rows(conversation, user_id, seq, messages, now))
         return replace(conversation, **changes)
 
     def tail(self, tenant_id: str, conversation_pk: int, limit: int) -> list[MessageRecord]:

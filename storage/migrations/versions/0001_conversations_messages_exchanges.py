@@ -82,7 +82,13 @@ def upgrade() -> None:
         sa.UniqueConstraint("tenant_id", "idempotency_key", name="uq_exchanges_idempotency"),
     )
     with op.batch_alter_table("exchanges", schema=None) as batch_op:
-        batch_op.create_index("ix_exchanges_status_started", ["status", "started_at"], unique=False)
+        batch_op.create_index(
+            "ix_exchanges_in_progress",
+            ["started_at"],
+            unique=False,
+            sqlite_where=sa.text("status = 'in_progress'"),
+            postgresql_where=sa.text("status = 'in_progress'"),
+        )
         batch_op.create_index(
             "ix_exchanges_tenant_started", ["tenant_id", "started_at"], unique=False
         )
@@ -132,7 +138,7 @@ def downgrade() -> None:
     with op.batch_alter_table("exchanges", schema=None) as batch_op:
         batch_op.drop_index("ix_exchanges_tenant_user")
         batch_op.drop_index("ix_exchanges_tenant_started")
-        batch_op.drop_index("ix_exchanges_status_started")
+        batch_op.drop_index("ix_exchanges_in_progress")
 
     op.drop_table("exchanges")
     with op.batch_alter_table("conversations", schema=None) as batch_op:
