@@ -173,4 +173,6 @@ def test_a_call_missing_replies_ends_the_run_unless_it_is_the_newest() -> None:
     # A client turn that is not the missing reply cannot follow the half-answered call: the
     # dangling newest call is left out and the history before it still goes.
     assert select_history(history[:3], budget) == history[:1]
-    assert select_history(history[:3], Budget(token_budget=1000, min_recent_messages=6)) == history[:1]
+    assert (
+        select_history(history[:3], Budget(token_budget=1000, min_recent_messages=6)) == history[:1]
+    )
