@@ -7,12 +7,13 @@ import itertools
 from typing import Any
 
 import pytest
+from sqlalchemy import Connection
 
 from proxy.config import ContextSettings
 from proxy.errors import NotFound
 from proxy.memory import ConversationMemory, Mode, Outcome, Turn
 from storage.database import Database
-from storage.records import ConversationRecord, ExchangeRecord
+from storage.records import ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 
@@ -79,11 +80,14 @@ async def exchange_turn(
 async def stored(db: Database, conversation_id: str | None, tenant_id: str = "t1") -> list[Any]:
     """The conversation's messages in order, as (role, content) or (role, content, status)."""
     assert conversation_id is not None
-    async with db.read() as conn:
+
+    def read(conn: Connection) -> list[MessageRecord]:
         repo = Conversations(conn)
-        conv = await repo.get(tenant_id, conversation_id)
+        conv = repo.get(tenant_id, conversation_id)
         assert conv is not None
-        messages = await repo.messages(tenant_id, conv.pk)
+        return repo.messages(tenant_id, conv.pk)
+
+    messages = await db.read(read)
     return [
         (m.role, m.content) if m.status == "complete" else (m.role, m.content, m.status)
         for m in messages
@@ -92,15 +96,13 @@ async def stored(db: Database, conversation_id: str | None, tenant_id: str = "t1
 
 async def conversation(db: Database, conversation_id: str | None) -> ConversationRecord:
     assert conversation_id is not None
-    async with db.read() as conn:
-        conv = await Conversations(conn).get("t1", conversation_id)
+    conv = await db.read(lambda conn: Conversations(conn).get("t1", conversation_id))
     assert conv is not None
     return conv
 
 
 async def exchange_of(db: Database, turn: Turn) -> ExchangeRecord:
-    async with db.read() as conn:
-        record = await Exchanges(conn).get(turn.tenant_id, turn.request_id)
+    record = await db.read(lambda conn: Exchanges(conn).get(turn.tenant_id, turn.request_id))
     assert record is not None
     return record
 
@@ -221,8 +223,7 @@ async def test_idempotency_key_replay_stores_nothing_new(
 
     assert await stored(db, first.conversation_id) == [("user", "hi"), ("assistant", "hello")]
     assert await stored(db, "c1") == [("user", "q"), ("assistant", "a")]
-    async with db.read() as conn:
-        original = await Exchanges(conn).by_idempotency_key("t1", "k1")
+    original = await db.read(lambda conn: Exchanges(conn).by_idempotency_key("t1", "k1"))
     assert original is not None and original.request_id == first.request_id
     replayed = await exchange_of(db, replay)
     assert (replayed.status, replayed.conversation_id) == ("complete", first.conversation_id)
@@ -265,8 +266,8 @@ async def test_read_mode_attaches_history_stores_no_messages_and_records_the_exc
 
     unknown = await exchange_turn(memory, [user("no such chat")], "ok", mode="read")
     assert unknown.conversation is None
-    async with db.read() as conn:
-        assert [c.id for c in await Conversations(conn).list("t1", "alice")] == ["c1"]
+    listed = await db.read(lambda conn: Conversations(conn).list("t1", "alice"))
+    assert [c.id for c in listed] == ["c1"]
     for record in (await exchange_of(db, turn), await exchange_of(db, unknown)):
         assert (record.mode, record.status, record.http_status) == ("read", "complete", 200)
     assert (await exchange_of(db, turn)).conversation_id == "c1"

@@ -8,14 +8,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, inspect, text
 
 from policies.identity import chain_hashes
 from storage import migrate
 from storage.database import Database
 from storage.errors import ConflictError
 from storage.models import Base
-from storage.records import ConversationRecord, NewExchange, NewMessage
+from storage.records import (
+    ConversationRecord,
+    ExchangeRecord,
+    MessageRecord,
+    NewExchange,
+    NewMessage,
+)
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.system import SystemRepository
@@ -64,10 +70,12 @@ async def new_conversation(
     user: str = "alice",
     when: datetime = T0,
 ) -> ConversationRecord:
-    async with db.write() as conn:
+    def work(conn: Connection) -> ConversationRecord:
         repo = Conversations(conn)
-        conv = await repo.create(tenant, user, conversation_id, now=when)
-        return await repo.append(conv, user, chained(conv, list(messages)), now=when)
+        conv = repo.create(tenant, user, conversation_id, now=when)
+        return repo.append(conv, user, chained(conv, list(messages)), now=when)
+
+    return await db.write(work)
 
 
 def exchange(
@@ -100,18 +108,21 @@ async def test_append_numbers_messages_contiguously_and_advances_the_chain(db: D
     assert (conv.next_seq, conv.chain_count) == (4, 3)
     assert conv.chain_hash == chain_hashes(history[:3])[-1]
 
-    async with db.write() as conn:
+    def append_the_rest(conn: Connection) -> None:
         repo = Conversations(conn)
-        fresh = await repo.get("t1", "c1", for_update=True)
+        fresh = repo.get("t1", "c1", for_update=True)
         assert fresh == conv
-        await repo.append(fresh, "alice", chained(fresh, history[3:]), now=at(1))
+        repo.append(fresh, "alice", chained(fresh, history[3:]), now=at(1))
 
-    async with db.read() as conn:
+    await db.write(append_the_rest)
+
+    def read_back(conn: Connection) -> tuple[ConversationRecord, list[MessageRecord], int]:
         repo = Conversations(conn)
-        stored = await repo.get("t1", "c1")
+        stored = repo.get("t1", "c1")
         assert stored is not None
-        messages = await repo.messages("t1", stored.pk)
-        count = await repo.count_messages("t1", stored.pk)
+        return stored, repo.messages("t1", stored.pk), repo.count_messages("t1", stored.pk)
+
+    stored, messages, count = await db.read(read_back)
     assert stored.chain_count == 4 and stored.chain_hash == chain_hashes(history)[-1]
     assert stored.updated_at == at(1) and stored.created_at == T0
     assert [m.seq for m in messages] == [1, 2, 3, 4] and count == 4
@@ -126,9 +137,10 @@ async def test_stored_message_keeps_the_openai_shape(db: Database) -> None:
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "content": "42", "tool_call_id": "call_1"},
     ]
-    async with db.write() as conn:
+
+    def work(conn: Connection) -> ConversationRecord:
         repo = Conversations(conn)
-        conv = await repo.create("t1", "alice", "c1", now=T0)
+        conv = repo.create("t1", "alice", "c1", now=T0)
         rows = [
             NewMessage(
                 role=m["role"],
@@ -142,9 +154,10 @@ async def test_stored_message_keeps_the_openai_shape(db: Database) -> None:
             )
             for m, h in zip(sent, chain_hashes(sent), strict=True)
         ]
-        conv = await repo.append(conv, "alice", rows, now=T0)
-    async with db.read() as conn:
-        stored = await Conversations(conn).messages("t1", conv.pk)
+        return repo.append(conv, "alice", rows, now=T0)
+
+    conv = await db.write(work)
+    stored = await db.read(lambda conn: Conversations(conn).messages("t1", conv.pk))
     assert [m.to_openai() for m in stored] == sent
     assert all(m.meta == {"source": "import"} and m.tokens == 5 for m in stored)
     assert all(m.created_at.tzinfo is not None for m in stored)
@@ -152,17 +165,23 @@ async def test_stored_message_keeps_the_openai_shape(db: Database) -> None:
 
 async def test_tail_returns_the_newest_complete_messages_oldest_first(db: Database) -> None:
     history = dialogue(5)  # u0 a0 ... u4 a4
-    conv = await new_conversation(db, "c1", history[:6])
-    async with db.write() as conn:
-        repo = Conversations(conn)
-        conv = await repo.append(conv, "alice", [partial("cut off")], now=at(1))
-        conv = await repo.append(conv, "alice", chained(conv, history[6:]), now=at(2))
+    created = await new_conversation(db, "c1", history[:6])
 
-    async with db.read() as conn:
+    def append(conn: Connection) -> ConversationRecord:
         repo = Conversations(conn)
-        tail = await repo.tail("t1", conv.pk, 3)
-        everything = await repo.tail("t1", conv.pk, 100)
-        nothing = await repo.tail("t2", conv.pk, 100)
+        conv = repo.append(created, "alice", [partial("cut off")], now=at(1))
+        return repo.append(conv, "alice", chained(conv, history[6:]), now=at(2))
+
+    conv = await db.write(append)
+
+    def read_tails(conn: Connection) -> tuple[list[MessageRecord], ...]:
+        repo = Conversations(conn)
+        tail = repo.tail("t1", conv.pk, 3)
+        everything = repo.tail("t1", conv.pk, 100)
+        nothing = repo.tail("t2", conv.pk, 100)
+        return tail, everything, nothing
+
+    tail, everything, nothing = await db.read(read_tails)
     assert [m.content for m in tail] == ["a3", "u4", "a4"]
     assert [m.to_openai() for m in everything] == history
     assert all(m.status == "complete" for m in everything)
@@ -170,20 +189,26 @@ async def test_tail_returns_the_newest_complete_messages_oldest_first(db: Databa
 
 
 async def test_messages_include_partial_replies_and_page_by_seq(db: Database) -> None:
-    conv = await new_conversation(db, "c1", dialogue(1))
-    async with db.write() as conn:
+    created = await new_conversation(db, "c1", dialogue(1))
+
+    def append(conn: Connection) -> ConversationRecord:
         repo = Conversations(conn)
-        conv = await repo.append(conv, "alice", [partial("half a rep")], now=at(1))
-        conv = await repo.append(conv, "alice", chained(conv, [msg("user", "again")]), now=at(2))
+        conv = repo.append(created, "alice", [partial("half a rep")], now=at(1))
+        return repo.append(conv, "alice", chained(conv, [msg("user", "again")]), now=at(2))
+
+    conv = await db.write(append)
     # The partial reply is not part of the chain: the chain is u0 a0 again.
     assert conv.chain_count == 3
     assert conv.chain_hash == chain_hashes([*dialogue(1), msg("user", "again")])[-1]
 
-    async with db.read() as conn:
+    def read_pages(conn: Connection) -> tuple[list[MessageRecord], ...]:
         repo = Conversations(conn)
-        first = await repo.messages("t1", conv.pk, limit=2)
-        rest = await repo.messages("t1", conv.pk, after_seq=first[-1].seq, limit=2)
-        foreign = await repo.messages("t2", conv.pk)
+        first = repo.messages("t1", conv.pk, limit=2)
+        rest = repo.messages("t1", conv.pk, after_seq=first[-1].seq, limit=2)
+        foreign = repo.messages("t2", conv.pk)
+        return first, rest, foreign
+
+    first, rest, foreign = await db.read(read_pages)
     assert [(m.content, m.status) for m in first] == [("u0", "complete"), ("a0", "complete")]
     assert [(m.content, m.status) for m in rest] == [
         ("half a rep", "incomplete"),
@@ -199,18 +224,23 @@ async def test_list_is_newest_first_and_pages_with_after(db: Database) -> None:
         await new_conversation(db, f"c{i}", when=when)
     await new_conversation(db, "bob's", user="bob", when=at(10))
 
-    pages: list[list[str]] = []
-    after = None
-    async with db.read() as conn:
+    def read_pages(
+        conn: Connection,
+    ) -> tuple[list[list[str]], list[ConversationRecord], list[ConversationRecord]]:
         repo = Conversations(conn)
+        pages: list[list[str]] = []
+        after = None
         while True:
-            page = await repo.list("t1", "alice", after=after, limit=3)
+            page = repo.list("t1", "alice", after=after, limit=3)
             if not page:
                 break
             pages.append([c.id for c in page])
             after = page[-1]
-        everyone = await repo.list("t1", None, limit=100)
-        other_tenant = await repo.list("t2", None)
+        everyone = repo.list("t1", None, limit=100)
+        other_tenant = repo.list("t2", None)
+        return pages, everyone, other_tenant
+
+    pages, everyone, other_tenant = await db.read(read_pages)
     assert pages == [["c7", "c6", "c5"], ["c4", "c3", "c2"], ["c1", "c0"]]
     assert [c.id for c in everyone] == ["bob's", "c7", "c6", "c5", "c4", "c3", "c2", "c1", "c0"]
     assert other_tenant == []
@@ -219,23 +249,30 @@ async def test_list_is_newest_first_and_pages_with_after(db: Database) -> None:
 async def test_update_renames_and_archives_and_moves_to_the_front(db: Database) -> None:
     await new_conversation(db, "old", when=at(1))
     await new_conversation(db, "new", when=at(2))
-    async with db.write() as conn:
+
+    def update(conn: Connection) -> tuple[ConversationRecord | None, ...]:
         repo = Conversations(conn)
-        renamed = await repo.update("t1", "old", now=at(3), title="Trip", meta={"k": "v"})
-        archived = await repo.update("t1", "new", now=at(4), archived=True, user_id="mallory")
-        missing = await repo.update("t1", "nope", now=at(5), title="x")
-        foreign = await repo.update("t2", "old", now=at(5), title="x")
+        renamed = repo.update("t1", "old", now=at(3), title="Trip", meta={"k": "v"})
+        archived = repo.update("t1", "new", now=at(4), archived=True, user_id="mallory")
+        missing = repo.update("t1", "nope", now=at(5), title="x")
+        foreign = repo.update("t2", "old", now=at(5), title="x")
+        return renamed, archived, missing, foreign
+
+    renamed, archived, missing, foreign = await db.write(update)
     assert renamed is not None and (renamed.title, renamed.meta) == ("Trip", {"k": "v"})
     assert renamed.updated_at == at(3)
     # Only title, archived and meta can change.
     assert archived is not None and archived.archived and archived.user_id == "alice"
     assert missing is None and foreign is None
 
-    async with db.read() as conn:
+    def read_back(conn: Connection) -> tuple[list[str], list[str], ConversationRecord | None]:
         repo = Conversations(conn)
-        listed = [c.id for c in await repo.list("t1", "alice")]
-        active = [c.id for c in await repo.list("t1", "alice", include_archived=False)]
-        old = await repo.get("t1", "old")
+        listed = [c.id for c in repo.list("t1", "alice")]
+        active = [c.id for c in repo.list("t1", "alice", include_archived=False)]
+        old = repo.get("t1", "old")
+        return listed, active, old
+
+    listed, active, old = await db.read(read_back)
     assert listed == ["new", "old"] and active == ["old"]
     assert old is not None and old.title == "Trip"
 
@@ -243,20 +280,23 @@ async def test_update_renames_and_archives_and_moves_to_the_front(db: Database) 
 async def test_delete_removes_the_conversation_and_keeps_its_exchanges(db: Database) -> None:
     conv = await new_conversation(db, "c1", dialogue(2))
     keep = await new_conversation(db, "c2", dialogue(1))
-    async with db.write() as conn:
-        await Exchanges(conn).start(
-            exchange("req_1", conversation_pk=conv.pk, conversation_id="c1")
-        )
-        assert await Conversations(conn).delete("t2", "c1") is False
-        assert await Conversations(conn).delete("t1", "c1") is True
-        assert await Conversations(conn).delete("t1", "c1") is False
 
-    async with db.read() as conn:
+    def delete(conn: Connection) -> None:
+        Exchanges(conn).start(exchange("req_1", conversation_pk=conv.pk, conversation_id="c1"))
+        assert Conversations(conn).delete("t2", "c1") is False
+        assert Conversations(conn).delete("t1", "c1") is True
+        assert Conversations(conn).delete("t1", "c1") is False
+
+    await db.write(delete)
+
+    def read_back(conn: Connection) -> ExchangeRecord | None:
         repo = Conversations(conn)
-        assert await repo.get("t1", "c1") is None
-        assert await repo.count_messages("t1", conv.pk) == 0
-        assert await repo.count_messages("t1", keep.pk) == 2
-        record = await Exchanges(conn).get("t1", "req_1")
+        assert repo.get("t1", "c1") is None
+        assert repo.count_messages("t1", conv.pk) == 0
+        assert repo.count_messages("t1", keep.pk) == 2
+        return Exchanges(conn).get("t1", "req_1")
+
+    record = await db.read(read_back)
     assert record is not None
     assert (record.conversation_pk, record.conversation_id) == (None, "c1")
 
@@ -266,31 +306,34 @@ async def test_delete_user_erases_that_user_only_in_that_tenant(db: Database) ->
     await new_conversation(db, "a2", dialogue(1))
     bob = await new_conversation(db, "b1", dialogue(1), user="bob")
     other = await new_conversation(db, "a1", dialogue(1), tenant="t2")
-    async with db.write() as conn:
-        await Exchanges(conn).start(exchange("req_a", conversation_pk=alice.pk))
-        await Exchanges(conn).start(exchange("req_b", user="bob", conversation_pk=bob.pk))
-        await Exchanges(conn).start(exchange("req_t2", tenant="t2", conversation_pk=other.pk))
-        erased = await Conversations(conn).delete_user("t1", "alice")
+
+    def erase(conn: Connection) -> dict[str, int]:
+        Exchanges(conn).start(exchange("req_a", conversation_pk=alice.pk))
+        Exchanges(conn).start(exchange("req_b", user="bob", conversation_pk=bob.pk))
+        Exchanges(conn).start(exchange("req_t2", tenant="t2", conversation_pk=other.pk))
+        return Conversations(conn).delete_user("t1", "alice")
+
+    erased = await db.write(erase)
     assert erased == {"conversations": 2, "messages": 6, "exchanges": 1}
 
-    async with db.read() as conn:
+    def check(conn: Connection) -> None:
         repo, exchanges = Conversations(conn), Exchanges(conn)
-        assert await repo.list("t1", "alice") == []
-        assert [c.id for c in await repo.list("t1", "bob")] == ["b1"]
-        assert [c.id for c in await repo.list("t2", "alice")] == ["a1"]
-        assert await repo.count_messages("t2", other.pk) == 2
-        assert await exchanges.get("t1", "req_a") is None
-        assert await exchanges.get("t1", "req_b") is not None
-        assert await exchanges.get("t2", "req_t2") is not None
+        assert repo.list("t1", "alice") == []
+        assert [c.id for c in repo.list("t1", "bob")] == ["b1"]
+        assert [c.id for c in repo.list("t2", "alice")] == ["a1"]
+        assert repo.count_messages("t2", other.pk) == 2
+        assert exchanges.get("t1", "req_a") is None
+        assert exchanges.get("t1", "req_b") is not None
+        assert exchanges.get("t2", "req_t2") is not None
+
+    await db.read(check)
 
 
 async def test_duplicate_conversation_id_is_a_conflict(db: Database) -> None:
     await new_conversation(db, "c1", dialogue(1))
     with pytest.raises(ConflictError):
-        async with db.write() as conn:
-            await Conversations(conn).create("t1", "bob", "c1", now=at(1))
-    async with db.read() as conn:
-        stored = await Conversations(conn).get("t1", "c1")
+        await db.write(lambda conn: Conversations(conn).create("t1", "bob", "c1", now=at(1)))
+    stored = await db.read(lambda conn: Conversations(conn).get("t1", "c1"))
     assert stored is not None and stored.user_id == "alice" and stored.chain_count == 2
 
 
@@ -299,24 +342,26 @@ async def test_same_conversation_id_in_two_tenants_never_meets(db: Database) -> 
     two = await new_conversation(db, "shared", dialogue(2, "t2-"), tenant="t2")
     assert one.pk != two.pk
 
-    async with db.write() as conn:
+    def change_t2(conn: Connection) -> None:
         repo = Conversations(conn)
-        fresh = await repo.get("t2", "shared", for_update=True)
+        fresh = repo.get("t2", "shared", for_update=True)
         assert fresh is not None and fresh.pk == two.pk
-        await repo.append(fresh, "alice", chained(fresh, [msg("user", "t2-more")]), now=at(1))
-        await repo.update("t2", "shared", now=at(2), title="only t2")
+        repo.append(fresh, "alice", chained(fresh, [msg("user", "t2-more")]), now=at(1))
+        repo.update("t2", "shared", now=at(2), title="only t2")
 
-    async with db.read() as conn:
+    await db.write(change_t2)
+
+    def check(conn: Connection) -> None:
         repo = Conversations(conn)
-        got_one = await repo.get("t1", "shared")
+        got_one = repo.get("t1", "shared")
         assert got_one is not None and got_one.title is None
-        assert [m.content for m in await repo.messages("t1", one.pk)] == ["t1-u0", "t1-a0"]
-        assert [m.content for m in await repo.tail("t1", two.pk, 10)] == []
-        assert await repo.count_messages("t2", two.pk) == 5
-    async with db.write() as conn:
-        assert await Conversations(conn).delete("t1", "shared") is True
-    async with db.read() as conn:
-        assert await Conversations(conn).get("t2", "shared") is not None
+        assert [m.content for m in repo.messages("t1", one.pk)] == ["t1-u0", "t1-a0"]
+        assert [m.content for m in repo.tail("t1", two.pk, 10)] == []
+        assert repo.count_messages("t2", two.pk) == 5
+
+    await db.read(check)
+    assert await db.write(lambda conn: Conversations(conn).delete("t1", "shared")) is True
+    assert await db.read(lambda conn: Conversations(conn).get("t2", "shared")) is not None
 
 
 # Continuing a conversation by its chain
@@ -333,8 +378,9 @@ async def test_find_by_chain_returns_the_newest_conversation_the_request_continu
     await new_conversation(db, "empty", when=at(10))
 
     async def find(messages: list[dict[str, Any]]) -> str | None:
-        async with db.read() as conn:
-            found = await Conversations(conn).find_by_chain("t1", "alice", chain_hashes(messages))
+        found = await db.read(
+            lambda conn: Conversations(conn).find_by_chain("t1", "alice", chain_hashes(messages))
+        )
         return found.id if found else None
 
     assert await find(history[:5]) == "same-start-newer"
@@ -343,10 +389,11 @@ async def test_find_by_chain_returns_the_newest_conversation_the_request_continu
     assert await find([msg("user", "unrelated")]) is None
     assert await find([]) is None
 
-    async with db.write() as conn:
-        locked = await Conversations(conn).find_by_chain(
+    locked = await db.write(
+        lambda conn: Conversations(conn).find_by_chain(
             "t1", "alice", chain_hashes(history), for_update=True
         )
+    )
     assert locked is not None and locked.id == "same-start-newer"
 
 
@@ -357,11 +404,15 @@ async def test_find_by_chain_never_returns_another_users_or_tenants_conversation
     await new_conversation(db, "bob", history[:2], user="bob", when=at(5))
     await new_conversation(db, "t2", history[:2], tenant="t2", when=at(6))
     hashes = chain_hashes(history)
-    async with db.read() as conn:
+
+    def find(conn: Connection) -> tuple[ConversationRecord | None, ConversationRecord | None]:
         repo = Conversations(conn)
-        assert await repo.find_by_chain("t1", "alice", hashes) is None
-        mine = await repo.find_by_chain("t1", "bob", hashes)
-        theirs = await repo.find_by_chain("t2", "alice", hashes)
+        assert repo.find_by_chain("t1", "alice", hashes) is None
+        mine = repo.find_by_chain("t1", "bob", hashes)
+        theirs = repo.find_by_chain("t2", "alice", hashes)
+        return mine, theirs
+
+    mine, theirs = await db.read(find)
     assert mine is not None and mine.id == "bob"
     assert theirs is not None and theirs.id == "t2" and theirs.tenant_id == "t2"
 
@@ -372,14 +423,17 @@ async def test_find_by_chain_compares_matches_across_long_requests(db: Database)
     await new_conversation(db, "long-newer", history[:550], when=at(2))
     await new_conversation(db, "short-older", history[:2], when=at(1))
     hashes = chain_hashes(history)
-    async with db.read() as conn:
-        found = await Conversations(conn).find_by_chain("t1", "alice", hashes)
+
+    def find(conn: Connection) -> ConversationRecord | None:
+        return Conversations(conn).find_by_chain("t1", "alice", hashes)
+
+    found = await db.read(find)
     assert found is not None and found.id == "long-newer"
 
-    async with db.write() as conn:
-        await Conversations(conn).update("t1", "short-older", now=at(3), title="touched")
-    async with db.read() as conn:
-        found = await Conversations(conn).find_by_chain("t1", "alice", hashes)
+    await db.write(
+        lambda conn: Conversations(conn).update("t1", "short-older", now=at(3), title="touched")
+    )
+    found = await db.read(find)
     assert found is not None and found.id == "short-older"
 
 
@@ -387,10 +441,12 @@ async def test_find_by_chain_compares_matches_across_long_requests(db: Database)
 
 
 async def test_exchange_start_finish_get_and_idempotency_key(db: Database) -> None:
-    async with db.write() as conn:
-        await Exchanges(conn).start(exchange("req_1", idempotency_key="key-1", attached={"a": 1}))
-    async with db.read() as conn:
-        started = await Exchanges(conn).get("t1", "req_1")
+    await db.write(
+        lambda conn: Exchanges(conn).start(
+            exchange("req_1", idempotency_key="key-1", attached={"a": 1})
+        )
+    )
+    started = await db.read(lambda conn: Exchanges(conn).get("t1", "req_1"))
     assert started is not None
     assert (started.status, started.finished_at, started.attached) == (
         "in_progress",
@@ -400,8 +456,9 @@ async def test_exchange_start_finish_get_and_idempotency_key(db: Database) -> No
     assert started.started_at == T0
 
     usage = {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14}
-    async with db.write() as conn:
-        await Exchanges(conn).finish(
+
+    def finish(conn: Connection) -> None:
+        Exchanges(conn).finish(
             "t1",
             "req_1",
             status="complete",
@@ -412,10 +469,16 @@ async def test_exchange_start_finish_get_and_idempotency_key(db: Database) -> No
             prompt_tokens=10,
             completion_tokens=4,
         )
-        await Exchanges(conn).finish("t2", "req_1", status="error")  # not t2's: no effect
-    async with db.read() as conn:
-        done = await Exchanges(conn).get("t1", "req_1")
-        by_key = await Exchanges(conn).by_idempotency_key("t1", "key-1")
+        Exchanges(conn).finish("t2", "req_1", status="error")  # not t2's: no effect
+
+    await db.write(finish)
+
+    def read_back(conn: Connection) -> tuple[ExchangeRecord | None, ExchangeRecord | None]:
+        done = Exchanges(conn).get("t1", "req_1")
+        by_key = Exchanges(conn).by_idempotency_key("t1", "key-1")
+        return done, by_key
+
+    done, by_key = await db.read(read_back)
     assert done is not None and done == by_key
     assert (done.status, done.http_status, done.finished_at) == ("complete", 200, at(2))
     assert (done.usage, done.prompt_tokens, done.completion_tokens) == (usage, 10, 4)
@@ -423,54 +486,68 @@ async def test_exchange_start_finish_get_and_idempotency_key(db: Database) -> No
 
 
 async def test_another_tenants_exchange_is_invisible(db: Database) -> None:
-    async with db.write() as conn:
-        await Exchanges(conn).start(exchange("req_1", idempotency_key="key-1"))
+    def start(conn: Connection) -> None:
+        Exchanges(conn).start(exchange("req_1", idempotency_key="key-1"))
         # The same key in another tenant is another key.
-        await Exchanges(conn).start(exchange("req_2", tenant="t2", idempotency_key="key-1"))
-    async with db.read() as conn:
+        Exchanges(conn).start(exchange("req_2", tenant="t2", idempotency_key="key-1"))
+
+    await db.write(start)
+
+    def read_back(conn: Connection) -> tuple[ExchangeRecord | None, ExchangeRecord | None]:
         exchanges = Exchanges(conn)
-        assert await exchanges.get("t2", "req_1") is None
-        assert await exchanges.get("t1", "req_2") is None
-        mine = await exchanges.by_idempotency_key("t1", "key-1")
-        theirs = await exchanges.by_idempotency_key("t2", "key-1")
-        assert await exchanges.by_idempotency_key("t3", "key-1") is None
+        assert exchanges.get("t2", "req_1") is None
+        assert exchanges.get("t1", "req_2") is None
+        mine = exchanges.by_idempotency_key("t1", "key-1")
+        theirs = exchanges.by_idempotency_key("t2", "key-1")
+        assert exchanges.by_idempotency_key("t3", "key-1") is None
+        return mine, theirs
+
+    mine, theirs = await db.read(read_back)
     assert mine is not None and mine.request_id == "req_1"
     assert theirs is not None and theirs.request_id == "req_2"
 
 
 async def test_duplicate_idempotency_key_in_a_tenant_is_a_conflict(db: Database) -> None:
-    async with db.write() as conn:
-        await Exchanges(conn).start(exchange("req_1", idempotency_key="key-1"))
+    await db.write(lambda conn: Exchanges(conn).start(exchange("req_1", idempotency_key="key-1")))
     with pytest.raises(ConflictError):
-        async with db.write() as conn:
-            await Exchanges(conn).start(exchange("req_2", idempotency_key="key-1"))
+        await db.write(
+            lambda conn: Exchanges(conn).start(exchange("req_2", idempotency_key="key-1"))
+        )
 
 
 async def test_finish_rejects_fields_that_are_not_outcomes(db: Database) -> None:
-    async with db.write() as conn:
-        await Exchanges(conn).start(exchange("req_1"))
+    def work(conn: Connection) -> None:
+        Exchanges(conn).start(exchange("req_1"))
         with pytest.raises(ValueError, match="user_id"):
-            await Exchanges(conn).finish("t1", "req_1", status="complete", user_id="mallory")
+            Exchanges(conn).finish("t1", "req_1", status="complete", user_id="mallory")
+
+    await db.write(work)
 
 
 async def test_sweep_marks_only_stale_in_progress_exchanges_incomplete(db: Database) -> None:
-    async with db.write() as conn:
+    def start(conn: Connection) -> None:
         exchanges = Exchanges(conn)
-        await exchanges.start(exchange("stale", started=at(0)))
-        await exchanges.start(exchange("stale_t2", tenant="t2", started=at(1)))
-        await exchanges.start(exchange("fresh", started=at(100)))
-        await exchanges.start(exchange("done", started=at(0)))
-        await exchanges.finish("t1", "done", status="complete", finished_at=at(5))
-    async with db.write() as conn:
-        swept = await SystemRepository(conn).sweep_in_progress(at(50), now=at(200))
+        exchanges.start(exchange("stale", started=at(0)))
+        exchanges.start(exchange("stale_t2", tenant="t2", started=at(1)))
+        exchanges.start(exchange("fresh", started=at(100)))
+        exchanges.start(exchange("done", started=at(0)))
+        exchanges.finish("t1", "done", status="complete", finished_at=at(5))
+
+    await db.write(start)
+    swept = await db.write(
+        lambda conn: SystemRepository(conn).sweep_in_progress(at(50), now=at(200))
+    )
     assert swept == 2
 
-    async with db.read() as conn:
+    def read_back(conn: Connection) -> tuple[ExchangeRecord | None, ...]:
         exchanges = Exchanges(conn)
-        stale = await exchanges.get("t1", "stale")
-        stale_t2 = await exchanges.get("t2", "stale_t2")
-        fresh = await exchanges.get("t1", "fresh")
-        done = await exchanges.get("t1", "done")
+        stale = exchanges.get("t1", "stale")
+        stale_t2 = exchanges.get("t2", "stale_t2")
+        fresh = exchanges.get("t1", "fresh")
+        done = exchanges.get("t1", "done")
+        return stale, stale_t2, fresh, done
+
+    stale, stale_t2, fresh, done = await db.read(read_back)
     assert stale is not None and stale_t2 is not None and fresh is not None and done is not None
     for swept_exchange in (stale, stale_t2):
         assert swept_exchange.status == "incomplete" and swept_exchange.finished_at == at(200)
@@ -488,23 +565,27 @@ async def test_a_write_that_raises_leaves_nothing_behind(db: Database) -> None:
     class Boom(Exception):
         pass
 
-    with pytest.raises(Boom):
-        async with db.write() as conn:
-            repo = Conversations(conn)
-            conv = await repo.create("t1", "alice", "half-written", now=at(1))
-            await repo.append(conv, "alice", chained(conv, dialogue(2)), now=at(1))
-            fresh = await repo.get("t1", "existing", for_update=True)
-            assert fresh is not None
-            await repo.append(fresh, "alice", chained(fresh, [msg("user", "lost")]), now=at(1))
-            await Exchanges(conn).start(exchange("req_lost"))
-            raise Boom
-
-    async with db.read() as conn:
+    def half_written(conn: Connection) -> None:
         repo = Conversations(conn)
-        assert await repo.get("t1", "half-written") is None
-        assert await repo.get("t1", "existing") == existing
-        assert await repo.count_messages("t1", existing.pk) == 2
-        assert await Exchanges(conn).get("t1", "req_lost") is None
+        conv = repo.create("t1", "alice", "half-written", now=at(1))
+        repo.append(conv, "alice", chained(conv, dialogue(2)), now=at(1))
+        fresh = repo.get("t1", "existing", for_update=True)
+        assert fresh is not None
+        repo.append(fresh, "alice", chained(fresh, [msg("user", "lost")]), now=at(1))
+        Exchanges(conn).start(exchange("req_lost"))
+        raise Boom
+
+    with pytest.raises(Boom):
+        await db.write(half_written)
+
+    def check(conn: Connection) -> None:
+        repo = Conversations(conn)
+        assert repo.get("t1", "half-written") is None
+        assert repo.get("t1", "existing") == existing
+        assert repo.count_messages("t1", existing.pk) == 2
+        assert Exchanges(conn).get("t1", "req_lost") is None
+
+    await db.read(check)
     # The database is still usable, and the id is free.
     await new_conversation(db, "half-written")
 
@@ -528,14 +609,17 @@ async def test_migrations_build_the_models_schema_and_running_again_changes_noth
     db = Database(database_url)
     try:
         conv = await new_conversation(db, "c1", dialogue(1))
-        async with db.read() as conn:
-            before = await conn.run_sync(schema)
+        before = await db.read(schema)
         await asyncio.to_thread(migrate.upgrade, database_url)
         await asyncio.to_thread(migrate.upgrade, database_url)
-        async with db.read() as conn:
-            after = await conn.run_sync(schema)
-            versions = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
-            assert await Conversations(conn).get("t1", "c1") == conv
+
+        def read_back(conn: Connection) -> tuple[dict[str, tuple[set[str], set[str]]], Any]:
+            after = schema(conn)
+            versions = conn.execute(text("SELECT version_num FROM alembic_version")).all()
+            assert Conversations(conn).get("t1", "c1") == conv
+            return after, versions
+
+        after, versions = await db.read(read_back)
     finally:
         await db.dispose()
     assert before == after and len(versions) == 1
@@ -549,28 +633,34 @@ async def test_concurrent_writers_never_find_the_database_locked(db: Database) -
     """Many tasks writing at once (each to its own conversation), with reads in between."""
 
     async def writer(n: int) -> None:
-        async with db.write() as conn:
-            await Conversations(conn).create("t1", f"user{n}", f"c{n}", now=T0)
+        await db.write(lambda conn: Conversations(conn).create("t1", f"user{n}", f"c{n}", now=T0))
         for turn in range(3):
-            async with db.write() as conn:
-                repo = Conversations(conn)
-                conv = await repo.get("t1", f"c{n}", for_update=True)
-                assert conv is not None
-                messages = [msg("user", f"{n}-{turn}"), msg("assistant", f"r{n}-{turn}")]
-                await repo.append(conv, f"user{n}", chained(conv, messages), now=at(turn))
-                await Exchanges(conn).start(exchange(f"req_{n}_{turn}"))
-            async with db.read() as conn:
-                tail = await Conversations(conn).tail("t1", conv.pk, 2)
-            assert [m.content for m in tail] == [f"{n}-{turn}", f"r{n}-{turn}"]
+            await take_turn(n, turn)
+
+    async def take_turn(n: int, turn: int) -> None:
+        def work(conn: Connection) -> ConversationRecord:
+            repo = Conversations(conn)
+            conv = repo.get("t1", f"c{n}", for_update=True)
+            assert conv is not None
+            messages = [msg("user", f"{n}-{turn}"), msg("assistant", f"r{n}-{turn}")]
+            repo.append(conv, f"user{n}", chained(conv, messages), now=at(turn))
+            Exchanges(conn).start(exchange(f"req_{n}_{turn}"))
+            return conv
+
+        conv = await db.write(work)
+        tail = await db.read(lambda conn: Conversations(conn).tail("t1", conv.pk, 2))
+        assert [m.content for m in tail] == [f"{n}-{turn}", f"r{n}-{turn}"]
 
     await asyncio.gather(*(writer(n) for n in range(32)))
 
-    async with db.read() as conn:
+    def check(conn: Connection) -> None:
         repo = Conversations(conn)
         for n in range(32):
-            conv = await repo.get("t1", f"c{n}")
+            conv = repo.get("t1", f"c{n}")
             assert conv is not None and conv.chain_count == 6 and conv.next_seq == 7
-        assert len(await repo.list("t1", None, limit=100)) == 32
+        assert len(repo.list("t1", None, limit=100)) == 32
+
+    await db.read(check)
 
 
 async def test_concurrent_appends_to_one_conversation_keep_seq_unique_and_contiguous(
@@ -580,19 +670,23 @@ async def test_concurrent_appends_to_one_conversation_keep_seq_unique_and_contig
     conv = await new_conversation(db, "busy")
 
     async def append(n: int) -> None:
-        async with db.write() as conn:
+        def work(conn: Connection) -> None:
             repo = Conversations(conn)
-            fresh = await repo.get("t1", "busy", for_update=True)
+            fresh = repo.get("t1", "busy", for_update=True)
             assert fresh is not None
-            await asyncio.sleep(0)  # let the others queue up on the lock
-            await repo.append(fresh, "alice", chained(fresh, [msg("user", f"m{n}")]), now=at(n))
+            # On PostgreSQL every statement awaits the driver on the event loop, so the others
+            # run meanwhile and queue up on the row lock; SQLite's writer thread serializes.
+            repo.append(fresh, "alice", chained(fresh, [msg("user", f"m{n}")]), now=at(n))
+
+        await db.write(work)
 
     await asyncio.gather(*(append(n) for n in range(24)))
 
-    async with db.read() as conn:
+    def read_back(conn: Connection) -> tuple[list[MessageRecord], ConversationRecord | None]:
         repo = Conversations(conn)
-        stored = await repo.messages("t1", conv.pk)
-        final = await repo.get("t1", "busy")
+        return repo.messages("t1", conv.pk), repo.get("t1", "busy")
+
+    stored, final = await db.read(read_back)
     assert final is not None
     assert [m.seq for m in stored] == list(range(1, 25))
     assert sorted(str(m.content) for m in stored) == sorted(f"m{n}" for n in range(24))
