@@ -80,7 +80,9 @@ class Database:
             return await self._in_thread(self._readers, "BEGIN", work)
         with _translated():
             async with self._async.connect() as conn:
-                return await conn.run_sync(work)
+                snapshot = await conn.execution_options(isolation_level="REPEATABLE READ")
+                async with snapshot.begin():
+                    return await snapshot.run_sync(work)
 
     async def ping(self) -> None:
         await self.read(lambda conn: conn.execute(text("SELECT 1")))

@@ -334,3 +334,26 @@ async def test_another_users_conversation_id_is_not_found(
     assert theirs.conversation is not None and theirs.conversation.tenant_id == "t2"
     assert await stored(db, "c1", "t2") == [("user", "hi"), ("assistant", "yo")]
     assert await stored(db, "c1") == [("user", "mine"), ("assistant", "ok")]
+
+
+async def test_reply_lands_after_turns_stored_while_it_was_generated(
+    db: Database, memory: ConversationMemory
+) -> None:
+    first = await exchange_turn(memory, [user("one")], "ONE", conversation_id="c1")
+    # Two thin requests on one conversation overlap: the second stores its turn (and is
+    # answered) while the first is still waiting for its reply.
+    slow = await begin(memory, [user("two")], conversation_id="c1")
+    fast = await begin(memory, [user("three")], conversation_id="c1")
+    await answer(memory, fast, "THREE")
+    await answer(memory, slow, "TWO")
+    assert first.conversation_id == "c1"
+    assert await stored(db, "c1") == [
+        ("user", "one"),
+        ("assistant", "ONE"),
+        ("user", "two"),
+        ("user", "three"),
+        ("assistant", "THREE"),
+        ("assistant", "TWO"),
+    ]
+    conv = await conversation(db, "c1")
+    assert (conv.chain_count, conv.next_seq) == (6, 7)

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, inspect, text
 from policies.identity import chain_hashes
 from storage import migrate
 from storage.database import Database
-from storage.errors import ConflictError
+from storage.errors import ConflictError, StaleConversation
 from storage.models import Base
 from storage.records import (
     ConversationRecord,
@@ -693,3 +693,53 @@ async def test_concurrent_appends_to_one_conversation_keep_seq_unique_and_contig
     assert final.next_seq == 25 and final.chain_count == 24
     # The chain followed the order in which the writers got the lock.
     assert final.chain_hash == chain_hashes([m.to_openai() for m in stored])[-1]
+
+
+async def test_append_with_a_stale_record_writes_nothing_and_says_so(db: Database) -> None:
+    history = dialogue(2)
+    before = await new_conversation(db, "c1", history[:2])
+
+    def append(conn: Connection, at_: ConversationRecord, messages: list[dict[str, Any]]) -> None:
+        Conversations(conn).append(at_, "alice", chained(at_, messages), now=at(1))
+
+    await db.write(lambda conn: append(conn, before, history[2:3]))
+    with pytest.raises(StaleConversation):
+        # `before` no longer describes the row: its seq numbers are taken.
+        await db.write(lambda conn: append(conn, before, history[3:]))
+
+    def read_back(conn: Connection) -> list[MessageRecord]:
+        repo = Conversations(conn)
+        stored = repo.get("t1", "c1")
+        assert stored is not None and stored.next_seq == 4 and stored.chain_count == 3
+        return repo.messages("t1", stored.pk)
+
+    assert [m.to_openai() for m in await db.read(read_back)] == history[:3]
+
+
+async def test_create_with_messages_opens_the_chain_with_them(db: Database) -> None:
+    history = dialogue(2)
+
+    def create(conn: Connection) -> ConversationRecord:
+        return Conversations(conn).create(
+            "t1", "alice", "c1", now=T0, messages=[*chained_from_empty(history), partial("cut")]
+        )
+
+    created = await db.write(create)
+    assert (created.next_seq, created.chain_count) == (6, 4)
+    assert created.chain_hash == chain_hashes(history)[-1]
+    stored = await db.read(lambda conn: Conversations(conn).messages("t1", created.pk))
+    assert [(m.seq, m.status) for m in stored] == [
+        (1, "complete"),
+        (2, "complete"),
+        (3, "complete"),
+        (4, "complete"),
+        (5, "incomplete"),
+    ]
+
+
+def chained_from_empty(messages: list[dict[str, Any]]) -> list[NewMessage]:
+    hashes = chain_hashes(messages)
+    return [
+        NewMessage(role=m["role"], content=m["content"], tokens=3, chain_hash=h)
+        for m, h in zip(messages, hashes, strict=True)
+    ]
