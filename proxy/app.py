@@ -20,7 +20,7 @@ from proxy.catalog import ModelCatalog
 from proxy.config import Config
 from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
-from proxy.memory import ConversationMemory, now
+from proxy.memory import ConversationMemory, DeferredExchanges, now
 from proxy.offline import prepare_offline_environment
 from proxy.routes import memory, openai, ops
 from proxy.state import AppState, build_upstream, new_http_client
@@ -65,6 +65,7 @@ def create_app(config: Config) -> Litestar:
                     http=http,
                     db=db,
                     memory=ConversationMemory(db),
+                    deferred=DeferredExchanges(db),
                     catalog=catalog,
                 )
                 state.upstreams = {
@@ -79,6 +80,7 @@ def create_app(config: Config) -> Litestar:
                     yield
                 finally:
                     await state.drain()
+                    await state.deferred.close()
                     for upstream in state.upstreams.values():
                         await upstream.aclose()
         finally:

@@ -118,10 +118,10 @@ class ChatStreamObserver:
 async def record(services: AppState, turn: Turn, outcome: Outcome) -> None:
     """Store the outcome; a storage failure here is logged, never raised into the response.
 
-    A turn that stored nothing beforehand (mode off) is recorded in the background: the
+    A turn that stored nothing beforehand (mode off) is recorded later, in a batch: the
     client waits only for what the next request must be able to read."""
     if turn.pending is not None:
-        services.spawn(_record(services, turn, outcome))
+        services.deferred.add(turn, outcome)
     else:
         await _record(services, turn, outcome)
 

@@ -9,12 +9,14 @@ partial or none) and closes the exchange.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
+import structlog
 from sqlalchemy import Connection
 
 from policies.context import StoredTurn
@@ -31,11 +33,12 @@ from proxy.config import ContextSettings
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
-from storage.errors import ConflictError, StaleConversation
+from storage.errors import ConflictError, StaleConversation, StorageError
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 
+log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
 ANONYMOUS = "anonymous"
 # Stored messages read beyond the history window, so a tool call's replies are not cut off.
@@ -83,6 +86,23 @@ class Outcome:
     ttft_ms: float | None = None
     upstream_ms: float | None = None
     attached: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        """The exchange record's columns for this outcome."""
+        usage = self.usage or {}
+        return {
+            "status": self.status,
+            "http_status": self.http_status,
+            "finished_at": now(),
+            "latency_ms": self.latency_ms,
+            "ttft_ms": self.ttft_ms,
+            "upstream_ms": self.upstream_ms,
+            "attached": self.attached,
+            "usage": self.usage,
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "error": self.error,
+        }
 
 
 class TokenCounter:
@@ -337,21 +357,50 @@ class ConversationMemory:
                 fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
                 if fresh is not None:  # (deleted meanwhile: the reply goes nowhere)
                     store(fresh)
-        usage = outcome.usage or {}
-        if turn.pending is not None:
-            Exchanges(conn).start(turn.pending)
-        Exchanges(conn).finish(
-            turn.tenant_id,
-            turn.request_id,
-            status=outcome.status,
-            http_status=outcome.http_status,
-            finished_at=now(),
-            latency_ms=outcome.latency_ms,
-            ttft_ms=outcome.ttft_ms,
-            upstream_ms=outcome.upstream_ms,
-            attached=outcome.attached,
-            usage=outcome.usage,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
-            error=outcome.error,
-        )
+        if turn.pending is not None:  # nothing was written for it yet
+            Exchanges(conn).insert_finished([pending_row(turn, outcome)])
+        else:
+            Exchanges(conn).finish(turn.tenant_id, turn.request_id, **outcome.fields())
+
+
+def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:
+    """The whole record of an exchange that nothing was written for before it ended."""
+    assert turn.pending is not None
+    return {**dataclasses.asdict(turn.pending), **outcome.fields()}
+
+
+class DeferredExchanges:
+    """Exchange records of turns that stored nothing beforehand (mode off), written in batches
+    shortly after their responses: one transaction for many, on no request's path. A crash
+    loses at most the last batch's records, never conversation content."""
+
+    def __init__(self, db: Database, delay: float = 0.05) -> None:
+        self.db = db
+        self.delay = delay
+        self._rows: list[dict[str, Any]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    def add(self, turn: Turn, outcome: Outcome) -> None:
+        self._rows.append(pending_row(turn, outcome))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self.delay)
+        self._flusher = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        try:
+            await self.db.write(lambda conn: Exchanges(conn).insert_finished(rows))
+        except StorageError as exc:
+            log.error("exchanges_not_recorded", count=len(rows), error=str(exc))
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        await self.flush()

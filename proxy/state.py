@@ -12,7 +12,7 @@ import httpx
 from proxy.auth import KeyRing, Principal
 from proxy.catalog import ModelCatalog
 from proxy.config import Config, UpstreamConfig
-from proxy.memory import ConversationMemory
+from proxy.memory import ConversationMemory, DeferredExchanges
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream
@@ -27,6 +27,7 @@ class AppState:
     http: httpx.AsyncClient
     db: Database
     memory: ConversationMemory
+    deferred: DeferredExchanges
     catalog: ModelCatalog
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -55,6 +55,10 @@ class Exchanges:
                 f"exchange {exchange.request_id!r} or its idempotency key exists"
             ) from exc
 
+    def insert_finished(self, rows: list[dict[str, Any]]) -> None:
+        """Record exchanges that are already over, whole, in one statement."""
+        self.conn.execute(_INSERT, rows)
+
     def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
         unknown = set(fields) - FINISH_FIELDS
         if unknown:

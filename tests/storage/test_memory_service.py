@@ -11,7 +11,7 @@ from sqlalchemy import Connection
 
 from proxy.config import ContextSettings
 from proxy.errors import NotFound
-from proxy.memory import ConversationMemory, Mode, Outcome, Turn
+from proxy.memory import ConversationMemory, DeferredExchanges, Mode, Outcome, Turn
 from storage.database import Database
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.conversations import Conversations
@@ -357,3 +357,20 @@ async def test_reply_lands_after_turns_stored_while_it_was_generated(
     ]
     conv = await conversation(db, "c1")
     assert (conv.chain_count, conv.next_seq) == (6, 7)
+
+
+async def test_off_mode_records_are_written_in_one_batch_and_flushed_on_close(
+    db: Database, memory: ConversationMemory
+) -> None:
+    deferred = DeferredExchanges(db, delay=3600)  # only close() writes them here
+    turns = [await begin(memory, [user(f"q{i}")], mode="off") for i in range(3)]
+    for turn in turns:
+        assert turn.pending is not None  # nothing was written before the upstream call
+        deferred.add(turn, Outcome("complete", http_status=200, usage={"prompt_tokens": 7}))
+    assert [await db.read(lambda c, t=t: Exchanges(c).get("t1", t.request_id)) for t in turns] == [
+        None
+    ] * 3
+    await deferred.close()
+    for turn in turns:
+        record = await exchange_of(db, turn)
+        assert (record.status, record.mode, record.prompt_tokens) == ("complete", "off", 7)
