@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
+import msgspec
 import structlog
+
+
+def _json(event: Any, **_: Any) -> str:
+    return msgspec.json.encode(event, enc_hook=str).decode()
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -13,7 +19,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=_json)
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )

@@ -366,7 +366,10 @@ class ConversationMemory:
 def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:
     """The whole record of an exchange that nothing was written for before it ended."""
     assert turn.pending is not None
-    return {**dataclasses.asdict(turn.pending), **outcome.fields()}
+    pending = turn.pending
+    return {
+        f.name: getattr(pending, f.name) for f in dataclasses.fields(pending)
+    } | outcome.fields()
 
 
 class DeferredExchanges:

@@ -57,10 +57,21 @@ def build_upstream(name: str, config: UpstreamConfig, http: httpx.AsyncClient) -
     return EchoUpstream(name, config)
 
 
+class _NoCookies(httpx.Cookies):
+    """A cookie jar that keeps nothing: the client is shared by every tenant, so a cookie one
+    upstream response set must never ride along on another tenant's request."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
 def new_http_client() -> httpx.AsyncClient:
     """One pooled keep-alive client for every upstream; per-upstream timeouts go per request."""
-    return httpx.AsyncClient(
+    client = httpx.AsyncClient(
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         timeout=httpx.Timeout(600.0, connect=5.0),
         follow_redirects=False,
     )
+    # The public setter copies into a plain Cookies; the jar itself has to be replaced.
+    client._cookies = _NoCookies()
+    return client
