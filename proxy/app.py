@@ -32,7 +32,16 @@ from storage.repositories.system import SystemRepository
 log = structlog.get_logger("memproxy.app")
 STALE_EXCHANGE_AFTER = timedelta(minutes=15)
 
-EXPOSED_HEADERS = ["x-request-id", "x-upstream-request-id"]
+EXPOSED_HEADERS = [
+    "x-request-id",
+    "x-upstream-request-id",
+    "x-memory-conversation-id",
+    "x-memory-context-tokens",
+    "x-memory-history-messages",
+    "x-memory-memories",
+    "x-memory-attachments",
+    "x-memory-status",
+]
 
 
 async def sweep_abandoned_exchanges(db: Database) -> None:

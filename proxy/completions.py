@@ -40,7 +40,9 @@ class Extensions:
 def read_extensions(request: Request[Any, Any, Any], body: dict[str, Any]) -> Extensions:
     headers = request.headers
     user = headers.get("x-memory-user-id") or body.get("user")
-    if user is not None and (not isinstance(user, str) or not user.strip() or len(user) > 256):
+    if user is not None and (
+        not isinstance(user, str) or not user.strip() or len(user) > 256 or "\x00" in user
+    ):
         raise BadRequest(
             "The user id must be a non-empty string of at most 256 characters.", param="user"
         )
@@ -82,12 +84,20 @@ class ChatStreamObserver:
         self.decoder = SSEDecoder()
         self.reply = ReplyAssembler()
         self.first_chunk_at: float | None = None
+        self.broken = False
 
     def feed(self, chunk: bytes) -> None:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.perf_counter()
-        for payload in self.decoder.feed(chunk):
-            self.reply.add(payload)
+        if self.broken:
+            return
+        try:
+            for payload in self.decoder.feed(chunk):
+                self.reply.add(payload)
+        except Exception:
+            # Chunks we cannot make sense of still reach the client; we stop reassembling.
+            self.broken = True
+            log.warning("stream_not_understood", request_id=self.info.request_id, exc_info=True)
 
     def _outcome(self, status: str, error: str | None) -> Outcome:
         if status == "complete" and not (self.reply.done or self.reply.finish_reason):
@@ -107,11 +117,16 @@ class ChatStreamObserver:
 
     async def finish(self, status: str, error: str | None) -> None:
         if self.turn is not None:
-            await record(self.services, self.turn, self._outcome(status, error))
+            # Shielded: a client leaving during this write must not cancel it half-way.
+            task = self.services.spawn(
+                record(self.services, self.turn, self._outcome(status, error))
+            )
+            await asyncio.shield(task)
 
     def abandon(self) -> None:
         if self.turn is not None:
-            outcome = self._outcome("incomplete", "client disconnected")
+            # Complete if the reply had already finished when the client left.
+            outcome = self._outcome("complete", "client disconnected")
             self.services.spawn(record(self.services, self.turn, outcome))
 
 
@@ -143,6 +158,8 @@ async def chat_completion(
     stream = info.stream
     upstream = services.upstream_for(principal)
     messages: list[dict[str, Any]] = body["messages"]
+    # memproxy's own extension: never forwarded (attachments are handled by a later feature).
+    body.pop("attachments", None)
 
     turn: Turn | None = None
     degraded = False
@@ -194,13 +211,11 @@ async def chat_completion(
     started = time.perf_counter()
     try:
         reply = await upstream.chat_completions(body, stream=stream)
-    except ProxyError as exc:
+    except Exception as exc:
         if turn is not None:
-            await record(
-                services,
-                turn,
-                Outcome("error", http_status=exc.status, error=exc.message, attached=attached),
-            )
+            failure = exc if isinstance(exc, ProxyError) else ProxyError(repr(exc))
+            outcome = Outcome("error", failure.status, error=failure.message, attached=attached)
+            await record(services, turn, outcome)
         raise
     info.upstream_ms = (time.perf_counter() - started) * 1000
 

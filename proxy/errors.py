@@ -28,6 +28,9 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.types import ExceptionHandlersMap
 
+from proxy.access import request_info
+from storage.errors import ConflictError, StorageError
+
 log = structlog.get_logger("memproxy.errors")
 
 
@@ -170,14 +173,25 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    request_id = request.scope.get("state", {}).get("request_id", "")
+    request_id = request_info(request.scope).request_id
     log.exception("unhandled_error", path=request.url.path, request_id=request_id)
     message = f"The server had an error processing your request (request id {request_id})."
     return _json(error_body(message, "server_error"), 500)
 
 
+def handle_storage_error(_: Request[Any, Any, Any], exc: StorageError) -> Response[Any]:
+    """Storage failures that reach the edge (the management API; a fail-closed chat)."""
+    if isinstance(exc, ConflictError):
+        error: ProxyError = Conflict("The request conflicts with stored data; retry it.")
+    else:
+        log.error("storage_unavailable", error=str(exc))
+        error = ServiceUnavailable("Storage is unavailable; retry shortly.")
+    return _json(error.body(), error.status, {"retry-after": "1"} if error.status == 503 else None)
+
+
 EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     ProxyError: handle_proxy_error,
+    StorageError: handle_storage_error,
     HTTPException: handle_http_exception,
     Exception: handle_unexpected,
 }

@@ -9,6 +9,7 @@ partial or none) and closes the exchange.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import secrets
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from proxy.config import ContextSettings
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
-from storage.errors import ConflictError, StaleConversation, StorageError
+from storage.errors import ConflictError, StaleConversation, StorageError, StorageUnavailable
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
@@ -114,14 +115,22 @@ class TokenCounter:
         self._known: dict[int, int] = {}
 
     async def prepare(self, messages: list[dict[str, Any]]) -> TokenCounter:
-        for m in messages:
-            if len(message_text(m)) > TOKENIZE_INLINE_CHARS:
-                self._known[id(m)] = await asyncio.to_thread(count_message, m, self.model)
+        if sum(len(message_text(m)) for m in messages) > TOKENIZE_INLINE_CHARS:
+            counts = await asyncio.to_thread(
+                lambda: [count_message(m, self.model) for m in messages]
+            )
+            self._known.update((id(m), n) for m, n in zip(messages, counts, strict=True))
         return self
 
     def __call__(self, message: dict[str, Any]) -> int:
         known = self._known.get(id(message))
         return known if known is not None else count_message(message, self.model)
+
+
+def _answered_meanwhile(conversations: Conversations, as_begun: ConversationRecord) -> bool:
+    """Whether the first message stored after this turn began is a reply to it."""
+    first = conversations.message_at(as_begun.tenant_id, as_begun.pk, as_begun.next_seq)
+    return first is not None and first.role == "assistant"
 
 
 def _new_messages(
@@ -192,6 +201,7 @@ class ConversationMemory:
             return turn
         count = await TokenCounter(model).prepare(messages)
         for attempt in (1, 2):
+            exchange.idempotency_key = idempotency_key  # an attempt may have cleared it
             try:
                 await self.db.write(
                     partial(self._begin, turn, exchange, conversation_id, messages, context, count)
@@ -337,26 +347,33 @@ class ConversationMemory:
             conversations = Conversations(conn)
             tokens = count(reply)
 
-            def store(at: ConversationRecord) -> None:
-                complete = outcome.status == "complete"
+            def store(at: ConversationRecord, status: str) -> None:
+                in_chain = status == "complete"
                 message = NewMessage(
                     role="assistant",
                     content=reply.get("content"),
                     tool_calls=reply.get("tool_calls"),
                     tokens=tokens,
-                    chain_hash=chain_next(at.chain_hash, reply) if complete else None,
-                    status=outcome.status,
+                    chain_hash=chain_next(at.chain_hash, reply) if in_chain else None,
+                    status=status,
                     exchange_id=turn.request_id,
                 )
                 conversations.append(at, turn.user_id, [message], now=now())
 
             try:
                 # Usually nothing was stored since begin(): no need to read the row again.
-                store(conv)
+                store(conv, outcome.status)
             except StaleConversation:
                 fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
-                if fresh is not None:  # (deleted meanwhile: the reply goes nowhere)
-                    store(fresh)
+                if fresh is None:  # deleted meanwhile: the reply goes nowhere
+                    pass
+                elif _answered_meanwhile(conversations, conv):
+                    # Another attempt at the same turn (a retry that overtook this one)
+                    # answered it first: keep this reply for the record, outside the chain.
+                    status = "superseded" if outcome.status == "complete" else outcome.status
+                    store(fresh, status)
+                else:
+                    store(fresh, outcome.status)
         if turn.pending is not None:  # nothing was written for it yet
             Exchanges(conn).insert_finished([pending_row(turn, outcome)])
         else:
@@ -382,28 +399,55 @@ class DeferredExchanges:
         self.delay = delay
         self._rows: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+        self._sleeping = False
 
     def add(self, turn: Turn, outcome: Outcome) -> None:
+        if self._closed:
+            log.error("exchange_not_recorded", request_id=turn.request_id, error="after shutdown")
+            return
         self._rows.append(pending_row(turn, outcome))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
-        await asyncio.sleep(self.delay)
-        self._flusher = None
-        await self.flush()
+        self._sleeping = True
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self._sleeping = False
+        try:
+            await self.flush()
+        finally:
+            self._flusher = None
 
     async def flush(self) -> None:
         rows, self._rows = self._rows, []
         if not rows:
             return
         try:
-            await self.db.write(lambda conn: Exchanges(conn).insert_finished(rows))
-        except StorageError as exc:
+            await self.db.write(partial(_insert_finished, rows))
+        except StorageUnavailable as exc:
             log.error("exchanges_not_recorded", count=len(rows), error=str(exc))
+        except StorageError:
+            # One bad row must not cost the others their records.
+            for row in rows:
+                try:
+                    await self.db.write(partial(_insert_finished, [row]))
+                except StorageError as exc:
+                    log.error("exchange_not_recorded", request_id=row["request_id"], error=str(exc))
 
     async def close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
+        """Write everything waiting, including a batch being written right now."""
+        self._closed = True
+        flusher = self._flusher
+        if flusher is not None:
+            if self._sleeping:
+                flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
         await self.flush()
+
+
+def _insert_finished(rows: list[dict[str, Any]], conn: Connection) -> None:
+    Exchanges(conn).insert_finished(rows)

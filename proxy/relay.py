@@ -43,6 +43,17 @@ class _Unobserved:
         pass
 
 
+def done_marker(chunk: bytes, line_start: bool) -> int:
+    """Where `data: [DONE]` begins an event line in `chunk`, or -1. The same bytes inside a
+    JSON string (a model explaining SSE) do not count: a JSON string holds no raw newline."""
+    at = chunk.find(DONE)
+    while at >= 0:
+        if (at == 0 and line_start) or chunk[at - 1 : at] == b"\n":
+            return at
+        at = chunk.find(DONE, at + 1)
+    return -1
+
+
 def to_response(
     request: Request[Any, Any, Any],
     reply: UpstreamReply,
@@ -81,9 +92,11 @@ async def relay(
     info = request_info(request.scope)
     finished = observer is None
     observer = observer or _Unobserved()
+    line_start = True  # whether the previous chunk ended a line
     try:
         async for chunk in chunks:
-            at = -1 if finished else chunk.find(DONE)
+            at = -1 if finished else done_marker(chunk, line_start)
+            line_start = chunk.endswith(b"\n")
             if at < 0:
                 if not finished:
                     observer.feed(chunk)
@@ -100,13 +113,19 @@ async def relay(
         if not finished:
             finished = True
             await observer.finish("complete", None)
-    except ProxyError as exc:
-        info.outcome = "upstream_error"
-        log.warning("stream_broken", request_id=info.request_id, error=exc.message)
+    except Exception as exc:  # (cancellation and GeneratorExit are not Exceptions)
+        # An upstream failure (ProxyError) or anything unexpected: the client still gets a
+        # last event saying so, and what arrived is recorded.
+        error = exc if isinstance(exc, ProxyError) else ProxyError("The stream failed.")
+        info.outcome = "upstream_error" if isinstance(exc, ProxyError) else "error"
+        unexpected = not isinstance(exc, ProxyError)
+        log.warning(
+            "stream_broken", request_id=info.request_id, error=str(exc), exc_info=unexpected
+        )
         if not finished:
             finished = True
-            await observer.finish("error", exc.message)
-        yield sse_error_event(exc)
+            await observer.finish("error", error.message)
+        yield sse_error_event(error)
     except (asyncio.CancelledError, GeneratorExit):
         info.outcome = "client_disconnected"
         log_access(request.scope, info)

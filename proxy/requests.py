@@ -31,8 +31,8 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 def check_chat_request(body: dict[str, Any]) -> None:
     """The fields the proxy itself relies on; everything else is the upstream's to judge."""
     model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
-        what = "missing" if model is None else f"{_kind(model)}, expected a non-empty string"
+    if not isinstance(model, str) or not model.strip() or len(model) > 256 or "\x00" in model:
+        what = "missing" if model is None else "not a non-empty string of at most 256 characters"
         raise BadRequest(f"'model' is {what}.", param="model")
     check_messages(body.get("messages"))
     stream = body.get("stream")
@@ -85,19 +85,19 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
                 param=f"{where}.content",
             )
         for name in ("name", "tool_call_id"):
-            value = message.get(name)
-            if value is not None and (not isinstance(value, str) or len(value) > 256):
+            if not _short_text(message.get(name), optional=True):
                 raise BadRequest(
                     f"{where}.{name} must be a string of at most 256 characters.",
                     param=f"{where}.{name}",
                 )
         calls = message.get("tool_calls")
-        if calls is not None and (
-            not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)
-        ):
-            raise BadRequest(
-                f"{where}.tool_calls must be an array of objects.", param=f"{where}.tool_calls"
-            )
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise BadRequest(
+                    f"{where}.tool_calls must be an array.", param=f"{where}.tool_calls"
+                )
+            for j, call in enumerate(calls):
+                _check_tool_call(call, f"{where}.tool_calls[{j}]")
         if imported and "created_at" in message:
             parse_timestamp(message["created_at"], f"{where}.created_at")
 
@@ -113,3 +113,31 @@ def parse_timestamp(value: Any, param: str) -> datetime:
     except (ValueError, OverflowError, OSError):
         pass
     raise BadRequest(f"{param} must be an ISO 8601 date-time.", param=param)
+
+
+def _short_text(value: Any, *, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, str) and len(value) <= 256 and "\x00" not in value
+
+
+def _check_tool_call(call: Any, where: str) -> None:
+    """An assistant's tool call: `{"id": str, "type"?: str, "function": {"name": str,
+    "arguments": str}}` (what the proxy hashes, stores and pairs with its reply)."""
+    if not isinstance(call, dict):
+        raise BadRequest(f"{where} is {_kind(call)}, expected an object.", param=where)
+    if not _short_text(call.get("id")):
+        raise BadRequest(
+            f"{where}.id must be a string of at most 256 characters.", param=f"{where}.id"
+        )
+    if not _short_text(call.get("type"), optional=True):
+        raise BadRequest(f"{where}.type must be a string.", param=f"{where}.type")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise BadRequest(f"{where}.function must be an object.", param=f"{where}.function")
+    if not _short_text(function.get("name")):
+        raise BadRequest(f"{where}.function.name must be a string.", param=f"{where}.function.name")
+    if not isinstance(function.get("arguments", ""), str):
+        raise BadRequest(
+            f"{where}.function.arguments must be a string.", param=f"{where}.function.arguments"
+        )

@@ -38,11 +38,12 @@ class AppState:
     def context_window(self, model: str) -> int | None:
         return self.catalog.context_window(model)
 
-    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run `work` in the background; shutdown waits for it."""
         task = asyncio.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     async def drain(self, seconds: float = 30.0) -> None:
         if self.tasks:

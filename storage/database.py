@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
-from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -128,6 +134,8 @@ class _translated:
             raise StorageUnavailable(str(exc)) from exc
         if isinstance(exc, DBAPIError):
             raise StorageError(str(exc.orig)) from exc
+        if isinstance(exc, SQLAlchemyError):  # e.g. the pool timing out under load
+            raise StorageUnavailable(str(exc)) from exc
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _: ConnectionPoolEntry) -> None:

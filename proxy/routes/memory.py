@@ -6,6 +6,7 @@ to another tenant looks exactly like one that does not exist (404).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -78,7 +79,7 @@ def _limit(request: Request[Any, Any, Any], default: int = 20) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= MAX_PAGE:
         raise BadRequest(f"limit must be an integer from 1 to {MAX_PAGE}.", param="limit")
     return int(raw)
 
@@ -269,7 +270,8 @@ async def list_messages(
         after_seq = 0
         if after:
             pk = after.removeprefix("msg_")
-            seq = repo.message_seq(principal.tenant_id, found.pk, int(pk)) if pk.isdigit() else None
+            valid = re.fullmatch(r"[0-9]{1,18}", pk)
+            seq = repo.message_seq(principal.tenant_id, found.pk, int(pk)) if valid else None
             if seq is None:
                 raise BadRequest(
                     f"after: no message '{after}' in this conversation.", param="after"

@@ -36,8 +36,13 @@ _BY_CHAIN = (
         C.c.user_id == bindparam("w_user"),
         C.c.chain_hash.in_(bindparam("w_hashes", expanding=True)),
     )
-    .order_by(C.c.updated_at.desc(), C.c.pk.desc())
+    .order_by(C.c.chain_count.desc(), C.c.updated_at.desc(), C.c.pk.desc())
     .limit(1)
+)
+_MESSAGE_AT = select(*_MESSAGE_COLUMNS).where(
+    M.c.tenant_id == bindparam("w_tenant"),
+    M.c.conversation_pk == bindparam("w_pk"),
+    M.c.seq == bindparam("w_seq"),
 )
 _INSERT_CONVERSATION = insert(C).returning(C.c.pk)
 _INSERT_MESSAGES = insert(M)
@@ -118,10 +123,26 @@ class Conversations:
     def find_by_chain(
         self, tenant_id: str, user_id: str, hashes: Sequence[str], *, for_update: bool = False
     ) -> ConversationRecord | None:
-        """The newest conversation of this user whose whole chain is a prefix of the request.
+        """The conversation of this user whose whole chain is the longest prefix of the request
+        (the newest, among equally long ones).
 
         A chain hash covers every message before it, so a stored conversation whose chain hash
-        equals any of the request's prefix hashes is exactly a prefix of the request."""
+        equals any of the request's prefix hashes is exactly a prefix of the request. The
+        longest wins: a newer conversation that merely opened the same way (say a new chat
+        whose first reply failed) is a shorter prefix of a request that continues an old one."""
+        for _ in range(3):
+            best = self._longest_prefix(tenant_id, user_id, hashes)
+            if best is None or not for_update:
+                return best
+            locked = self.get(tenant_id, best.id, for_update=True)
+            # A concurrent request may have moved it on between the probe and the lock.
+            if locked is not None and locked.chain_hash == best.chain_hash:
+                return locked
+        return None
+
+    def _longest_prefix(
+        self, tenant_id: str, user_id: str, hashes: Sequence[str]
+    ) -> ConversationRecord | None:
         best: ConversationRecord | None = None
         for start in range(0, len(hashes), _CHAIN_PROBE):
             probe = list(hashes[start : start + _CHAIN_PROBE])
@@ -130,11 +151,15 @@ class Conversations:
             if row is None:
                 continue
             found = _conversation(row)  # aware datetimes: SQLite's rows carry naive ones
-            if best is None or (found.updated_at, found.pk) > (best.updated_at, best.pk):
+            rank = (found.chain_count, found.updated_at, found.pk)
+            if best is None or rank > (best.chain_count, best.updated_at, best.pk):
                 best = found
-        if best is not None and for_update:
-            return self.get(tenant_id, best.id, for_update=True)
         return best
+
+    def message_at(self, tenant_id: str, conversation_pk: int, seq: int) -> MessageRecord | None:
+        params = {"w_tenant": tenant_id, "w_pk": conversation_pk, "w_seq": seq}
+        row = self.conn.execute(_MESSAGE_AT, params).first()
+        return _message(row) if row else None
 
     def create(
         self,

@@ -623,3 +623,63 @@ async def test_users_never_see_each_others_conversations(
     assert fake.chat_requests[-1]["messages"] == history
     [bobs] = await api.conversations("bob")
     assert bobs["id"] == bob_headers["x-memory-conversation-id"]
+
+
+# --- streams the proxy must not misread ---------------------------------------------------------
+
+
+async def test_a_reply_that_quotes_the_done_marker_is_stored_whole(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI
+) -> None:
+    text = "An SSE stream ends with data: [DONE] and then closes."
+    fake.script.append(Reply(chunks=[*text_chunks(text), b"data: [DONE]\n\n"]))
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[user("How does SSE end?")], stream=True, extra_headers=thin("quote")
+    )
+    received = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert received == text
+    stored = await api.messages("quote")
+    assert sent(stored) == [user("How does SSE end?"), assistant(text)]
+    assert stored[-1]["status"] == "complete"
+
+
+async def test_chunks_the_proxy_cannot_parse_still_reach_the_client(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI, proxy_url: str
+) -> None:
+    odd = {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": {"tool_calls": [{"index": None, "function": "f"}]}}],
+    }
+    chunks = [
+        *text_chunks("fine so far"),
+        b"data: " + json.dumps(odd).encode() + b"\n\n",
+        b"data: [DONE]\n\n",
+    ]
+    fake.script.append(Reply(chunks=chunks))
+    async with httpx.AsyncClient(base_url=proxy_url) as http:
+        response = await http.post(
+            "/chat/completions",
+            json={"model": MODEL, "messages": [user("Go.")], "stream": True},
+            headers={"authorization": f"Bearer {KEY}", **thin("odd")},
+        )
+    assert response.status_code == 200
+    assert response.content == b"".join(chunks)  # relayed untouched, to the end
+    stored = await api.messages("odd")
+    assert stored[0]["content"] == "Go." and len(stored) <= 2  # the turn; no exchange left hanging
+
+
+def text_chunks(text: str) -> list[bytes]:
+    head = {"id": "chatcmpl-q", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+    first = {
+        **head,
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        ],
+    }
+    # All the text in one event: a marker quoted in it stands inside one JSON string.
+    body = {**head, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    last = {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in (first, body, last)]

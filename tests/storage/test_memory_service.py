@@ -374,3 +374,21 @@ async def test_off_mode_records_are_written_in_one_batch_and_flushed_on_close(
     for turn in turns:
         record = await exchange_of(db, turn)
         assert (record.status, record.mode, record.prompt_tokens) == ("complete", "off", 7)
+
+
+async def test_a_retry_that_overtakes_its_original_leaves_one_reply_in_the_chain(
+    db: Database, memory: ConversationMemory
+) -> None:
+    original = await begin(memory, [user("q1")])
+    retry = await begin(memory, [user("q1")])  # the SDK timed out and sent it again
+    assert retry.conversation_id == original.conversation_id
+    await answer(memory, retry, "A-retry")
+    await answer(memory, original, "A-original")
+    assert await stored(db, original.conversation_id) == [
+        ("user", "q1"),
+        ("assistant", "A-retry"),
+        ("assistant", "A-original", "superseded"),
+    ]
+    # The client saw the retry's answer and continues from it: the same conversation.
+    follow = await begin(memory, [user("q1"), assistant("A-retry"), user("q2")])
+    assert follow.conversation_id == original.conversation_id

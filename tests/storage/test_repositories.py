@@ -367,7 +367,7 @@ async def test_same_conversation_id_in_two_tenants_never_meets(db: Database) -> 
 # Continuing a conversation by its chain
 
 
-async def test_find_by_chain_returns_the_newest_conversation_the_request_continues(
+async def test_find_by_chain_returns_the_longest_then_newest_conversation_continued(
     db: Database,
 ) -> None:
     history = dialogue(3)
@@ -383,8 +383,12 @@ async def test_find_by_chain_returns_the_newest_conversation_the_request_continu
         )
         return found.id if found else None
 
-    assert await find(history[:5]) == "same-start-newer"
-    assert await find([*history[:4], msg("user", "u2")]) == "same-start-newer"
+    # The longest stored prefix wins: a newer chat that only opened the same way does not
+    # capture a request that continues an older, longer one.
+    assert await find(history[:5]) == "longer"
+    assert await find([*history[:4], msg("user", "u2")]) == "longer"
+    # Among equally long prefixes, the newest.
+    assert await find([*history[:2], msg("user", "other")]) == "same-start-newer"
     assert await find(history[:1]) is None  # no stored chain is a prefix of one message
     assert await find([msg("user", "unrelated")]) is None
     assert await find([]) is None
@@ -394,7 +398,7 @@ async def test_find_by_chain_returns_the_newest_conversation_the_request_continu
             "t1", "alice", chain_hashes(history), for_update=True
         )
     )
-    assert locked is not None and locked.id == "same-start-newer"
+    assert locked is not None and locked.id == "longer"
 
 
 async def test_find_by_chain_never_returns_another_users_or_tenants_conversation(
@@ -430,11 +434,16 @@ async def test_find_by_chain_compares_matches_across_long_requests(db: Database)
     found = await db.read(find)
     assert found is not None and found.id == "long-newer"
 
+    # Length decides across probes, not recency: touching the short one changes nothing.
     await db.write(
         lambda conn: Conversations(conn).update("t1", "short-older", now=at(3), title="touched")
     )
     found = await db.read(find)
-    assert found is not None and found.id == "short-older"
+    assert found is not None and found.id == "long-newer"
+    # Among equally long ones, the newest.
+    await new_conversation(db, "long-newest", history[:550], when=at(4))
+    found = await db.read(find)
+    assert found is not None and found.id == "long-newest"
 
 
 # Exchanges

@@ -31,6 +31,45 @@ def test_bodies_that_are_not_json_objects_are_400(raw: bytes) -> None:
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"stream": "yes"}, "stream"),
+        ({"model": "m" * 257}, "model"),
+        ({"model": "gpt\x00"}, "model"),
+        ({"messages": [{"role": "user", "content": "x", "name": "a\x00b"}]}, "messages[0].name"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": {"id": "c"}}]},
+            "messages[0].tool_calls",
+        ),
+        ({"messages": [{"role": "assistant", "tool_calls": ["c"]}]}, "messages[0].tool_calls[0]"),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"id": ["c"], "function": {"name": "f"}}]}
+                ]
+            },
+            "messages[0].tool_calls[0].id",
+        ),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": "f"}]}]},
+            "messages[0].tool_calls[0].function",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": 3}}]}
+                ]
+            },
+            "messages[0].tool_calls[0].function.name",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {}}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
         ({"stream_options": []}, "stream_options"),
     ],
 )
@@ -55,7 +94,13 @@ def test_valid_requests_pass_including_parts_tools_and_unknown_fields() -> None:
                 {
                     "role": "assistant",
                     "content": None,
-                    "tool_calls": [{"id": "c", "type": "function"}],
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
                 },
                 {"role": "tool", "tool_call_id": "c", "content": "42"},
             ],
