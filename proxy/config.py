@@ -133,9 +133,6 @@ class Config(_Strict):
     pricing: dict[str, PriceConfig] = {}
     tenants: dict[str, TenantConfig] = {}
 
-    def upstream_for(self, tenant: TenantConfig) -> UpstreamConfig:
-        return self.upstreams[tenant.upstream]
-
 
 def key_digest(key: str) -> str:
     """The stored form of an API key: `sha256:<hex>` keys as given, plain keys hashed."""

@@ -2,8 +2,8 @@
 
 StorageError
 ├── StorageUnavailable   the database cannot be reached or refused the operation
-├── NotFoundError        no such row for this tenant (foreign ids look exactly the same)
-└── ConflictError        the row exists already (e.g. a client-chosen id taken)
+├── ConflictError        the row exists already (e.g. a client-chosen id taken)
+└── StaleConversation    a conversation changed since it was read; read it again
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ class StorageError(Exception):
 
 
 class StorageUnavailable(StorageError):
-    pass
-
-
-class NotFoundError(StorageError):
     pass
 
 

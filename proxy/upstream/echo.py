@@ -19,6 +19,7 @@ from proxy.errors import NotFound
 from proxy.upstream.base import UpstreamReply
 
 _PREVIEW_CHARS = 200
+MAX_CHOICES = 128  # OpenAI's own limit on `n`
 
 
 def describe(messages: list[dict[str, Any]], prompt_tokens: int) -> str:
@@ -50,7 +51,7 @@ class EchoUpstream:
         content = describe(messages, prompt_tokens)
         completion_tokens = count_text(content, model)
         n_field = body.get("n")
-        n = n_field if isinstance(n_field, int) and n_field > 0 else 1
+        n = min(n_field, MAX_CHOICES) if isinstance(n_field, int) and n_field > 0 else 1
         digest = hashlib.sha256(msgspec.json.encode(messages)).hexdigest()[:24]
         usage = {
             "prompt_tokens": prompt_tokens,

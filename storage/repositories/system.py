@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Connection, text, update
+from sqlalchemy import Connection, update
 
 from storage.models import EXCHANGES
 
@@ -17,9 +17,6 @@ E = EXCHANGES
 class SystemRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-
-    def ping(self) -> None:
-        self.conn.execute(text("SELECT 1"))
 
     def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
         """Mark exchanges a crashed process left `in_progress` as `incomplete`."""
