@@ -133,10 +133,13 @@ class ChatStreamObserver:
 async def record(services: AppState, turn: Turn, outcome: Outcome) -> None:
     """Store the outcome; a storage failure here is logged, never raised into the response.
 
-    A turn that stored nothing beforehand (mode off) is recorded later, in a batch: the
-    client waits only for what the next request must be able to read."""
+    A turn that stored nothing beforehand (mode off) is recorded later, in a batch; a reply may
+    be written just after the response (ConversationMemory.reply_after_response), with the next
+    request of the same user waiting for it. The client waits only for what it must."""
     if turn.pending is not None:
         services.deferred.add(turn, outcome)
+    elif services.memory.reply_after_response:
+        services.memory.track(turn, services.spawn(_record(services, turn, outcome)))
     else:
         await _record(services, turn, outcome)
 

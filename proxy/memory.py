@@ -163,8 +163,45 @@ def _stored(record: MessageRecord) -> StoredTurn:
 
 
 class ConversationMemory:
-    def __init__(self, db: Database) -> None:
+    """Conversation memory on the request path.
+
+    With `reply_after_response` (the default on SQLite, where one process owns the file), a
+    reply is written just after the client has it rather than before: the next request of the
+    same user, and every management call of the tenant, first waits for such writes (`settle`),
+    so nothing reads a conversation without its last reply. Several replicas on PostgreSQL
+    cannot see each other's pending writes, so there the reply is written before the response
+    ends."""
+
+    def __init__(self, db: Database, *, reply_after_response: bool | None = None) -> None:
         self.db = db
+        self.reply_after_response = (
+            db.is_sqlite if reply_after_response is None else reply_after_response
+        )
+        self._unsettled: dict[tuple[str, str], set[asyncio.Task[Any]]] = {}
+
+    def track(self, turn: Turn, task: asyncio.Task[Any]) -> None:
+        """A reply write still running for `turn`'s user; `settle` waits for it."""
+        key = (turn.tenant_id, turn.user_id)
+        tasks = self._unsettled.setdefault(key, set())
+        tasks.add(task)
+
+        def done(_: asyncio.Task[Any]) -> None:
+            tasks.discard(task)
+            if not tasks and self._unsettled.get(key) is tasks:
+                del self._unsettled[key]
+
+        task.add_done_callback(done)
+
+    async def settle(self, tenant_id: str, user_id: str | None = None) -> None:
+        """Wait for reply writes of a user (or of a whole tenant) still in flight."""
+        waiting = [
+            task
+            for (tenant, user), tasks in self._unsettled.items()
+            if tenant == tenant_id and (user_id is None or user == user_id)
+            for task in tasks
+        ]
+        if waiting:
+            await asyncio.wait(waiting)
 
     async def begin(
         self,
@@ -199,6 +236,7 @@ class ConversationMemory:
             # it ends, off the response path.
             turn.pending = exchange
             return turn
+        await self.settle(tenant_id, user_id)
         count = await TokenCounter(model).prepare(messages)
         for attempt in (1, 2):
             exchange.idempotency_key = idempotency_key  # an attempt may have cleared it

@@ -392,3 +392,26 @@ async def test_a_retry_that_overtakes_its_original_leaves_one_reply_in_the_chain
     # The client saw the retry's answer and continues from it: the same conversation.
     follow = await begin(memory, [user("q1"), assistant("A-retry"), user("q2")])
     assert follow.conversation_id == original.conversation_id
+
+
+async def test_next_turn_waits_for_a_reply_still_being_written(
+    db: Database, memory: ConversationMemory
+) -> None:
+    first = await begin(memory, [user("q1")], conversation_id="c1")
+    written = asyncio.Event()
+    release = asyncio.Event()
+
+    async def reply_written_after_the_response() -> None:
+        await release.wait()
+        await answer(memory, first, "A1")
+        written.set()
+
+    memory.track(first, asyncio.create_task(reply_written_after_the_response()))
+    second = asyncio.create_task(begin(memory, [user("q2")], conversation_id="c1"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not second.done()  # held until the reply lands
+    release.set()
+    turn = await second
+    assert written.is_set()
+    assert history(turn) == [user("q1"), assistant("A1")]
