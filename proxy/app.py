@@ -107,7 +107,7 @@ def create_app(config: Config) -> Litestar:
         ],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
-            "principal": Provide(provide_principal, sync_to_thread=False),
+            "principal": Provide(provide_principal),
         },
         exception_handlers=EXCEPTION_HANDLERS,
         before_send=[access_hook],

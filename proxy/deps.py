@@ -17,10 +17,13 @@ def provide_services(request: Request[Any, Any, Any]) -> AppState:
     return cast(AppState, request.app.state.memproxy)
 
 
-def provide_principal(
+async def provide_principal(
     request: Request[Any, Any, Any], services: NamedDependency[AppState]
 ) -> Principal:
     """The caller, authenticated for the scope the route declares in `opt["scope"]`.
+
+    A management call first waits for the tenant's reply writes still in flight, so what it
+    reads or changes is whole (see ConversationMemory.reply_after_response).
 
     Taking `services` as a dependency orders the two: Litestar resolves independent
     dependencies concurrently in an anyio task group, two tasks per request for nothing.
@@ -29,4 +32,6 @@ def provide_principal(
     scope: Scope = request.route_handler.opt.get("scope", "chat")
     principal = services.keys.authenticate(request.headers.get("authorization"), scope)
     info.tenant = principal.tenant_id
+    if scope == "manage":
+        await services.memory.settle(principal.tenant_id)
     return principal

@@ -113,8 +113,6 @@ async def list_conversations(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     user = request.query_params.get("user")
     if user is not None:
         _user(user)
@@ -186,8 +184,6 @@ async def get_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     found = await services.db.read(
         lambda conn: _conversation(conn, principal.tenant_id, conversation_id)
     )
@@ -205,8 +201,6 @@ async def update_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     body = parse_json_object(await request.body())
     changes: dict[str, Any] = {}
     if "title" in body:
@@ -249,8 +243,6 @@ async def delete_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     if not await services.db.write(
         lambda conn: Conversations(conn).delete(principal.tenant_id, conversation_id)
     ):
@@ -269,8 +261,6 @@ async def list_messages(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     limit = _limit(request, default=100)
     after = request.query_params.get("after")
 
@@ -302,8 +292,6 @@ async def append_messages(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     body = parse_json_object(await request.body())
     messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]
     check_messages(messages, imported=True)
@@ -331,8 +319,6 @@ async def delete_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    # Reply writes still in flight land first: what this call reads or changes is whole.
-    await services.memory.settle(principal.tenant_id)
     _user(user_id, "user_id")
     counts = await services.db.write(
         lambda conn: Conversations(conn).delete_user(principal.tenant_id, user_id)
