@@ -20,7 +20,8 @@ from proxy.catalog import ModelCatalog
 from proxy.config import Config
 from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
-from proxy.memory import ConversationMemory, DeferredExchanges, now
+from proxy.exchange_batch import DeferredExchanges
+from proxy.memory import ConversationMemory, now
 from proxy.offline import prepare_offline_environment
 from proxy.routes import memory, openai, ops
 from proxy.state import AppState, build_upstream, new_http_client

@@ -9,7 +9,6 @@ partial or none) and closes the exchange.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import secrets
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
-import structlog
 from sqlalchemy import Connection
 
 from policies.context import StoredTurn
@@ -34,12 +32,11 @@ from proxy.config import ContextSettings
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
-from storage.errors import ConflictError, StaleConversation, StorageError, StorageUnavailable
+from storage.errors import ConflictError, StaleConversation
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 
-log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
 ANONYMOUS = "anonymous"
 # Stored messages read beyond the history window, so a tool call's replies are not cut off.
@@ -425,67 +422,3 @@ def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:
     return {
         f.name: getattr(pending, f.name) for f in dataclasses.fields(pending)
     } | outcome.fields()
-
-
-class DeferredExchanges:
-    """Exchange records of turns that stored nothing beforehand (mode off), written in batches
-    shortly after their responses: one transaction for many, on no request's path. A crash
-    loses at most the last batch's records, never conversation content."""
-
-    def __init__(self, db: Database, delay: float = 0.05) -> None:
-        self.db = db
-        self.delay = delay
-        self._rows: list[dict[str, Any]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._closed = False
-        self._sleeping = False
-
-    def add(self, turn: Turn, outcome: Outcome) -> None:
-        if self._closed:
-            log.error("exchange_not_recorded", request_id=turn.request_id, error="after shutdown")
-            return
-        self._rows.append(pending_row(turn, outcome))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_soon())
-
-    async def _flush_soon(self) -> None:
-        self._sleeping = True
-        try:
-            await asyncio.sleep(self.delay)
-        finally:
-            self._sleeping = False
-        try:
-            await self.flush()
-        finally:
-            self._flusher = None
-
-    async def flush(self) -> None:
-        rows, self._rows = self._rows, []
-        if not rows:
-            return
-        try:
-            await self.db.write(partial(_insert_finished, rows))
-        except StorageUnavailable as exc:
-            log.error("exchanges_not_recorded", count=len(rows), error=str(exc))
-        except StorageError:
-            # One bad row must not cost the others their records.
-            for row in rows:
-                try:
-                    await self.db.write(partial(_insert_finished, [row]))
-                except StorageError as exc:
-                    log.error("exchange_not_recorded", request_id=row["request_id"], error=str(exc))
-
-    async def close(self) -> None:
-        """Write everything waiting, including a batch being written right now."""
-        self._closed = True
-        flusher = self._flusher
-        if flusher is not None:
-            if self._sleeping:
-                flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
-        await self.flush()
-
-
-def _insert_finished(rows: list[dict[str, Any]], conn: Connection) -> None:
-    Exchanges(conn).insert_finished(rows)

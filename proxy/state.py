@@ -12,7 +12,8 @@ import httpx
 from proxy.auth import KeyRing, Principal
 from proxy.catalog import ModelCatalog
 from proxy.config import Config, UpstreamConfig
-from proxy.memory import ConversationMemory, DeferredExchanges
+from proxy.exchange_batch import DeferredExchanges
+from proxy.memory import ConversationMemory
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream

@@ -11,7 +11,8 @@ from sqlalchemy import Connection
 
 from proxy.config import ContextSettings
 from proxy.errors import NotFound
-from proxy.memory import ConversationMemory, DeferredExchanges, Mode, Outcome, Turn
+from proxy.exchange_batch import DeferredExchanges
+from proxy.memory import ConversationMemory, Mode, Outcome, Turn
 from storage.database import Database
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.conversations import Conversations

@@ -1,0 +1,83 @@
+"""Exchange records written in batches: turns that stored nothing before the upstream call
+(mode off) are recorded shortly after their responses, many to a transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from functools import partial
+from typing import Any
+
+import structlog
+from sqlalchemy import Connection
+
+from proxy.memory import Outcome, Turn, pending_row
+from storage.database import Database
+from storage.errors import StorageError, StorageUnavailable
+from storage.repositories.exchanges import Exchanges
+
+log = structlog.get_logger("memproxy.exchanges")
+
+
+class DeferredExchanges:
+    """Exchange records of turns that stored nothing beforehand (mode off), written in batches
+    shortly after their responses: one transaction for many, on no request's path. A crash
+    loses at most the last batch's records, never conversation content."""
+
+    def __init__(self, db: Database, delay: float = 0.05) -> None:
+        self.db = db
+        self.delay = delay
+        self._rows: list[dict[str, Any]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
+        self._sleeping = False
+
+    def add(self, turn: Turn, outcome: Outcome) -> None:
+        if self._closed:
+            log.error("exchange_not_recorded", request_id=turn.request_id, error="after shutdown")
+            return
+        self._rows.append(pending_row(turn, outcome))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        self._sleeping = True
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self._sleeping = False
+        try:
+            await self.flush()
+        finally:
+            self._flusher = None
+
+    async def flush(self) -> None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        try:
+            await self.db.write(partial(_insert_finished, rows))
+        except StorageUnavailable as exc:
+            log.error("exchanges_not_recorded", count=len(rows), error=str(exc))
+        except StorageError:
+            # One bad row must not cost the others their records.
+            for row in rows:
+                try:
+                    await self.db.write(partial(_insert_finished, [row]))
+                except StorageError as exc:
+                    log.error("exchange_not_recorded", request_id=row["request_id"], error=str(exc))
+
+    async def close(self) -> None:
+        """Write everything waiting, including a batch being written right now."""
+        self._closed = True
+        flusher = self._flusher
+        if flusher is not None:
+            if self._sleeping:
+                flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flusher
+        await self.flush()
+
+
+def _insert_finished(rows: list[dict[str, Any]], conn: Connection) -> None:
+    Exchanges(conn).insert_finished(rows)
