@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.identity import leading_instructions
 from policies.tokens import TOKENS_PER_REPLY
 
 Message = dict[str, Any]
-LEADING_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +110,6 @@ def select_history(
     return [turn for unit in reversed(chosen) for turn in unit]
 
 
-def _insert_at(client: Sequence[Message]) -> int:
-    """History goes after the client's leading system/developer messages, before the rest."""
-    index = 0
-    while index < len(client) and client[index].get("role") in LEADING_ROLES:
-        index += 1
-    return index
-
-
 def assemble(
     client: Sequence[Message],
     history: Sequence[StoredTurn],
@@ -126,7 +118,8 @@ def assemble(
 ) -> Assembly:
     """Final messages for the upstream. `client_tokens` (the client's prompt tokens) is needed
     only when `budget.context_window` is set; pass None to skip the window check."""
-    at = _insert_at(client)
+    # History goes after the client's leading system/developer messages, before the rest.
+    at = leading_instructions(client)
     answers_tool_call = at < len(client) and client[at].get("role") == "tool"
     turns = select_history(history, budget, answers_tool_call=answers_tool_call)
     dropped = 0

@@ -94,7 +94,15 @@ def same_message(a: Message, b: Message) -> bool:
 
 
 MAX_OVERLAP = 32
-LEADING_ROLES = ("system", "developer")
+LEADING_ROLES = frozenset({"system", "developer"})
+
+
+def leading_instructions(messages: Sequence[Message]) -> int:
+    """How many system/developer messages open the list: the client's own instructions."""
+    count = 0
+    while count < len(messages) and messages[count].get("role") in LEADING_ROLES:
+        count += 1
+    return count
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +134,7 @@ def split_request(
         return Split(new=list(messages[chain_count:]), attach_history=False)
     if chain_count == 0:
         return Split(new=list(messages), attach_history=False)
-    start = 0
-    while start < len(messages) and messages[start].get("role") in LEADING_ROLES:
-        start += 1
-    turn = list(messages[start:])
+    turn = list(messages[leading_instructions(messages) :])
     overlap = 0
     for k in range(min(len(turn), len(tail), MAX_OVERLAP), 0, -1):
         if all(same_message(a, b) for a, b in zip(tail[-k:], turn[:k], strict=True)):

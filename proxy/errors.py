@@ -24,11 +24,12 @@ from typing import Any
 
 import msgspec
 import structlog
-from litestar import MediaType, Request, Response
+from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.types import ExceptionHandlersMap
 
 from proxy.access import request_info
+from proxy.responses import json_response
 from storage.errors import ConflictError, StorageError
 
 log = structlog.get_logger("memproxy.errors")
@@ -143,19 +144,8 @@ _HTTP_TYPES = {
 }
 
 
-def _json(
-    body: dict[str, Any], status: int, headers: dict[str, str] | None = None
-) -> Response[Any]:
-    return Response(
-        content=msgspec.json.encode(body),
-        status_code=status,
-        media_type=MediaType.JSON,
-        headers=headers,
-    )
-
-
 def handle_proxy_error(_: Request[Any, Any, Any], exc: ProxyError) -> Response[Any]:
-    return _json(exc.body(), exc.status, exc.headers)
+    return json_response(exc.body(), exc.status, exc.headers)
 
 
 def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -169,14 +159,14 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
         message = "Request body is larger than this server accepts (server.max_body_bytes)."
     elif exc.status_code >= 500:
         type_, message = "server_error", "The server had an error processing your request."
-    return _json(error_body(message, type_, None, code), exc.status_code, exc.headers)
+    return json_response(error_body(message, type_, None, code), exc.status_code, exc.headers)
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     request_id = request_info(request.scope).request_id
     log.exception("unhandled_error", path=request.url.path, request_id=request_id)
     message = f"The server had an error processing your request (request id {request_id})."
-    return _json(error_body(message, "server_error"), 500)
+    return json_response(error_body(message, "server_error"), 500)
 
 
 def handle_storage_error(_: Request[Any, Any, Any], exc: StorageError) -> Response[Any]:
@@ -186,7 +176,9 @@ def handle_storage_error(_: Request[Any, Any, Any], exc: StorageError) -> Respon
     else:
         log.error("storage_unavailable", error=str(exc))
         error = ServiceUnavailable("Storage is unavailable; retry shortly.")
-    return _json(error.body(), error.status, {"retry-after": "1"} if error.status == 503 else None)
+    return json_response(
+        error.body(), error.status, {"retry-after": "1"} if error.status == 503 else None
+    )
 
 
 EXCEPTION_HANDLERS: ExceptionHandlersMap = {

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
@@ -20,6 +19,7 @@ from proxy.completions import CONVERSATION_ID
 from proxy.errors import BadRequest, Conflict, NotFound
 from proxy.memory import ConversationMemory, TokenCounter, new_conversation_id, now
 from proxy.requests import check_messages, parse_json_object
+from proxy.responses import json_response
 from proxy.state import AppState
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
@@ -27,12 +27,6 @@ from storage.repositories.conversations import Conversations
 
 MANAGE = {"scope": "manage"}
 MAX_PAGE = 100
-
-
-def _json(payload: Any, status: int = 200) -> Response[Any]:
-    return Response(
-        content=msgspec.json.encode(payload), status_code=status, media_type="application/json"
-    )
 
 
 def conversation_object(c: ConversationRecord) -> dict[str, Any]:
@@ -127,7 +121,7 @@ async def list_conversations(
         return repo.list(principal.tenant_id, user, after=cursor, limit=limit + 1)
 
     rows = await services.db.read(work)
-    return _json(page([conversation_object(c) for c in rows], limit))
+    return json_response(page([conversation_object(c) for c in rows], limit))
 
 
 @post(
@@ -175,7 +169,7 @@ async def create_conversation(
             param="id",
             code="conversation_exists",
         ) from None
-    return _json(conversation_object(created), 201)
+    return json_response(conversation_object(created), 201)
 
 
 @get("/v1/memory/conversations/{conversation_id:str}", opt=MANAGE, summary="Get a conversation")
@@ -187,7 +181,7 @@ async def get_conversation(
     found = await services.db.read(
         lambda conn: _conversation(conn, principal.tenant_id, conversation_id)
     )
-    return _json(conversation_object(found))
+    return json_response(conversation_object(found))
 
 
 @patch(
@@ -229,7 +223,7 @@ async def update_conversation(
 
     updated = await services.db.write(work)
     assert updated is not None
-    return _json(conversation_object(updated))
+    return json_response(conversation_object(updated))
 
 
 @delete(
@@ -247,7 +241,9 @@ async def delete_conversation(
         lambda conn: Conversations(conn).delete(principal.tenant_id, conversation_id)
     ):
         raise _not_found(conversation_id)
-    return _json({"id": conversation_id, "object": "memory.conversation.deleted", "deleted": True})
+    return json_response(
+        {"id": conversation_id, "object": "memory.conversation.deleted", "deleted": True}
+    )
 
 
 @get(
@@ -280,7 +276,7 @@ async def list_messages(
         return repo.messages(principal.tenant_id, found.pk, after_seq=after_seq, limit=limit + 1)
 
     rows = await services.db.read(work)
-    return _json(page([message_object(conversation_id, m) for m in rows], limit))
+    return json_response(page([message_object(conversation_id, m) for m in rows], limit))
 
 
 @post(
@@ -305,7 +301,9 @@ async def append_messages(
         )
 
     rows = await services.db.write(work)
-    return _json(page([message_object(conversation_id, m) for m in rows], len(rows) or 1), 201)
+    return json_response(
+        page([message_object(conversation_id, m) for m in rows], len(rows) or 1), 201
+    )
 
 
 @delete(
@@ -323,7 +321,7 @@ async def delete_user(
     counts = await services.db.write(
         lambda conn: Conversations(conn).delete_user(principal.tenant_id, user_id)
     )
-    return _json({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
+    return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
 
 
 ROUTES = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, get, post, route
 from litestar.di import NamedDependency
 from litestar.enums import HttpMethod
@@ -17,7 +16,9 @@ from proxy.completions import chat_completion
 from proxy.errors import NotFound
 from proxy.relay import to_response
 from proxy.requests import check_chat_request, parse_json_object
+from proxy.responses import json_response
 from proxy.state import AppState
+from proxy.upstream.base import model_list
 
 CHAT = {"scope": "chat"}
 
@@ -52,11 +53,7 @@ async def list_models(
 ) -> Response[Any]:
     allowed = principal.tenant.models
     if allowed is not None:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "memproxy"} for m in allowed]
-        return Response(
-            content=msgspec.json.encode({"object": "list", "data": data}),
-            media_type="application/json",
-        )
+        return json_response(model_list(allowed, "memproxy"))
     return to_response(request, await services.upstream_for(principal).list_models())
 
 

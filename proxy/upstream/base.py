@@ -9,9 +9,13 @@ its iterator, and the relay turns that into a final error event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import msgspec
+
+from proxy.errors import NotFound
 
 
 @dataclass(slots=True)
@@ -55,3 +59,22 @@ class Upstream(Protocol):
     async def aclose(self) -> None:
         """Release what the upstream holds itself; called once, at shutdown."""
         ...
+
+
+def model_list(models: Iterable[str], owned_by: str) -> dict[str, Any]:
+    """`GET /v1/models`'s body for models the proxy lists itself."""
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": owned_by} for m in models]
+    return {"object": "list", "data": data}
+
+
+def model_list_reply(models: Iterable[str], owned_by: str) -> UpstreamReply:
+    return UpstreamReply(200, body=msgspec.json.encode(model_list(models, owned_by)))
+
+
+def no_passthrough(kind: str, name: str, method: str, path: str) -> NotFound:
+    """What an upstream that only serves chat completions and models says to anything else."""
+    return NotFound(
+        f"The {kind} upstream {name!r} only serves chat completions and models; "
+        f"{method} /v1{path} needs an openai-kind upstream.",
+        code="unsupported_endpoint",
+    )

@@ -15,8 +15,7 @@ import msgspec
 
 from policies.tokens import count_messages, count_text, message_text
 from proxy.config import UpstreamConfig
-from proxy.errors import NotFound
-from proxy.upstream.base import UpstreamReply
+from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
 
 _PREVIEW_CHARS = 200
 MAX_CHOICES = 128  # OpenAI's own limit on `n`
@@ -78,19 +77,12 @@ class EchoUpstream:
         return UpstreamReply(200, headers, chunks=chunks, media_type="text/event-stream")
 
     async def list_models(self) -> UpstreamReply:
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "memproxy"} for m in self._models
-        ]
-        return UpstreamReply(200, body=msgspec.json.encode({"object": "list", "data": data}))
+        return model_list_reply(self._models, "memproxy")
 
     async def passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
     ) -> UpstreamReply:
-        raise NotFound(
-            f"The echo upstream {self.name!r} only serves chat completions and models; "
-            f"{method} /v1{path} needs an openai-kind upstream.",
-            code="unsupported_endpoint",
-        )
+        raise no_passthrough(self.kind, self.name, method, path)
 
     async def aclose(self) -> None:
         pass

@@ -19,7 +19,6 @@ import structlog
 
 from proxy.config import UpstreamConfig
 from proxy.errors import (
-    NotFound,
     ProxyError,
     UpstreamError,
     UpstreamStatusError,
@@ -27,7 +26,7 @@ from proxy.errors import (
     UpstreamUnreachable,
     error_body,
 )
-from proxy.upstream.base import UpstreamReply
+from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
 from proxy.upstream.headers import passthrough_headers
 
 log = structlog.get_logger("memproxy.upstream.litellm")
@@ -147,20 +146,12 @@ class LiteLLMUpstream:
             await stream.aclose()  # releases the provider connection when the client left early
 
     async def list_models(self) -> UpstreamReply:
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": self.name}
-            for m in self._config.models or []
-        ]
-        return UpstreamReply(200, body=msgspec.json.encode({"object": "list", "data": data}))
+        return model_list_reply(self._config.models or [], self.name)
 
     async def passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
     ) -> UpstreamReply:
-        raise NotFound(
-            f"The litellm upstream {self.name!r} only serves chat completions and models; "
-            f"{method} /v1{path} needs an openai-kind upstream.",
-            code="unsupported_endpoint",
-        )
+        raise no_passthrough(self.kind, self.name, method, path)
 
     async def aclose(self) -> None:
         """Close the HTTP clients litellm caches process-wide; it never closes them itself."""
