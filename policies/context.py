@@ -17,7 +17,7 @@ tenant's budget. The invariants it keeps (each pinned by a test):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from policies.identity import leading_instructions
@@ -51,7 +51,6 @@ class Assembly:
     history_messages: int = 0
     context_tokens: int = 0
     dropped_for_window: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _call_ids(message: Message) -> set[Any]:
@@ -132,12 +131,9 @@ def assemble(
             dropped += len(units[0])
             turns = [t for unit in units[1:] for t in unit]
     messages = [*client[:at], *(t.message for t in turns), *client[at:]]
-    result = Assembly(
+    return Assembly(
         messages=messages,
         history_messages=len(turns),
         context_tokens=sum(t.tokens for t in turns),
         dropped_for_window=dropped,
     )
-    if dropped:
-        result.notes.append(f"dropped {dropped} history messages to fit the context window")
-    return result
