@@ -118,6 +118,18 @@ class Exchange(Base):
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    reasoning_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Counted with tiktoken because the upstream reported no usage.
+    usage_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    # USD. Upstream: NULL while unknown, and for a model with no price (never a made-up 0).
+    cost_upstream_usd: Mapped[float | None] = mapped_column(Float)
+    # The proxy's own model calls for this exchange (intent, extraction, summaries), each also
+    # listed in cost_parts as it is added.
+    cost_memory_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    cost_parts: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    intent: Mapped[str | None] = mapped_column(String(64))
+    overhead_ms: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
@@ -135,7 +147,22 @@ class Exchange(Base):
     )
 
 
+class UsageCounter(Base):
+    """Requests, tokens and spend of a tenant in one window (a minute, a UTC day or month):
+    the shared totals that replicas reconcile their local limit counters against."""
+
+    __tablename__ = "usage_counters"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    window: Mapped[str] = mapped_column(String(32), primary_key=True)  # e.g. "day:2026-11-22"
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[datetime]
+
+
 # Core handles on the tables, for the repositories' SQL expressions.
 CONVERSATIONS = cast(Table, Conversation.__table__)
 MESSAGES = cast(Table, Message.__table__)
 EXCHANGES = cast(Table, Exchange.__table__)
+USAGE_COUNTERS = cast(Table, UsageCounter.__table__)

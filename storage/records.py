@@ -105,4 +105,26 @@ class ExchangeRecord:
     usage: dict[str, Any] | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None
+    reasoning_tokens: int | None
+    usage_estimated: bool
+    cost_upstream_usd: float | None
+    cost_memory_usd: float
+    cost_parts: list[dict[str, Any]]
+    intent: str | None
+    overhead_ms: float | None
     error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    """Requests, tokens and spend of a group of exchanges (a model, user, day or intent)."""
+
+    key: str | None
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_upstream_usd: float
+    cost_memory_usd: float
+    # Finished exchanges whose model has no price: their upstream cost is not in the sum.
+    unpriced_requests: int

@@ -1,16 +1,29 @@
-"""Exchange records: one per chat completion, tenant-scoped."""
+"""Exchange records: one per chat completion, tenant-scoped, and the spend reports over them."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
 from storage.models import EXCHANGES
-from storage.records import ExchangeRecord, NewExchange
+from storage.records import ExchangeRecord, NewExchange, UsageTotals
 from storage.repositories.rows import columns, utc_row
 
 E = EXCHANGES
@@ -27,9 +40,15 @@ FINISH_FIELDS = frozenset(
         "usage",
         "prompt_tokens",
         "completion_tokens",
+        "cached_tokens",
+        "reasoning_tokens",
+        "usage_estimated",
+        "cost_upstream_usd",
+        "overhead_ms",
         "error",
     }
 )
+GroupBy = Literal["model", "user", "day", "intent"]
 
 
 # Built once; values travel as parameters (see repositories/conversations.py).
@@ -69,6 +88,70 @@ class Exchanges:
         query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
         row = (self.conn.execute(query)).first()
         return ExchangeRecord(**utc_row(row)) if row else None
+
+    def add_cost(
+        self, tenant_id: str, request_id: str, part: dict[str, Any], usd: float | None
+    ) -> bool:
+        """Add the cost of one of the proxy's own model calls (intent, extraction, summary)
+        to an exchange, after the fact: `part` joins `cost_parts`, `usd` the memory cost.
+        False if there is no such exchange (erased meanwhile)."""
+        query = select(E.c.cost_parts).where(
+            E.c.tenant_id == tenant_id, E.c.request_id == request_id
+        )
+        row = self.conn.execute(query.with_for_update()).first()
+        if row is None:
+            return False
+        values: dict[str, Any] = {"cost_parts": [*(row.cost_parts or []), part]}
+        if usd:
+            values["cost_memory_usd"] = E.c.cost_memory_usd + usd
+        self.conn.execute(
+            update(E).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id).values(values)
+        )
+        return True
+
+    def usage(
+        self,
+        tenant_id: str,
+        start: datetime,
+        end: datetime,
+        group_by: GroupBy | None = None,
+        user_id: str | None = None,
+    ) -> list[UsageTotals]:
+        """Totals of the tenant's exchanges started in [start, end), per group when asked,
+        largest spend first."""
+        key = self._group_key(group_by)
+        finished_unpriced = and_(E.c.status != "in_progress", E.c.cost_upstream_usd.is_(None))
+        upstream = func.coalesce(func.sum(E.c.cost_upstream_usd), 0.0)
+        memory = func.coalesce(func.sum(E.c.cost_memory_usd), 0.0)
+        query = select(
+            key.label("key"),
+            func.count().label("requests"),
+            func.coalesce(func.sum(E.c.prompt_tokens), 0).label("prompt_tokens"),
+            func.coalesce(func.sum(E.c.completion_tokens), 0).label("completion_tokens"),
+            upstream.label("cost_upstream_usd"),
+            memory.label("cost_memory_usd"),
+            func.coalesce(func.sum(case((finished_unpriced, 1), else_=0)), 0).label(
+                "unpriced_requests"
+            ),
+        ).where(E.c.tenant_id == tenant_id, E.c.started_at >= start, E.c.started_at < end)
+        if user_id is not None:
+            query = query.where(E.c.user_id == user_id)
+        if group_by is not None:
+            query = query.group_by(key).order_by((upstream + memory).desc(), key)
+        return [UsageTotals(**row._mapping) for row in self.conn.execute(query)]
+
+    def _group_key(self, group_by: GroupBy | None) -> ColumnElement[Any]:
+        if group_by == "model":
+            return E.c.model
+        if group_by == "user":
+            return E.c.user_id
+        if group_by == "intent":
+            return E.c.intent
+        if group_by == "day":  # the UTC day; both backends store UTC
+            if self.conn.dialect.name == "postgresql":
+                return func.to_char(func.timezone("UTC", E.c.started_at), "YYYY-MM-DD")
+            return func.substr(cast(E.c.started_at, String), 1, 10)
+        return cast(None, String)
 
     def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
         row = self.conn.execute(_BY_KEY, {"w_tenant": tenant_id, "w_key": key}).first()
