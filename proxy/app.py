@@ -13,17 +13,22 @@ from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
+from policies.pricing import Price, PriceBook
 from policies.tokens import warm_up_tokenizers
 from proxy.access import access_hook
 from proxy.auth import KeyRing
 from proxy.catalog import ModelCatalog
 from proxy.config import Config
+from proxy.costs import COST_HEADERS, Pricer
 from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.exchange_batch import DeferredExchanges
+from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory, now
+from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
-from proxy.routes import memory, openai, ops
+from proxy.routes import limits as limits_routes
+from proxy.routes import memory, openai, ops, usage
 from proxy.state import AppState, build_upstream, new_http_client
 from proxy.upstream.litellm import LiteLLMUpstream
 from storage import migrate
@@ -42,6 +47,7 @@ EXPOSED_HEADERS = [
     "x-memory-memories",
     "x-memory-attachments",
     "x-memory-status",
+    *COST_HEADERS,
 ]
 
 
@@ -55,6 +61,15 @@ async def sweep_abandoned_exchanges(db: Database) -> None:
         log.warning("swept_abandoned_exchanges", count=swept)
 
 
+def price_book(config: Config, catalog: ModelCatalog) -> PriceBook:
+    """config.yaml's `pricing:` over litellm's model map."""
+    overrides = {
+        model: Price.per_million(p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok)
+        for model, p in config.pricing.items()
+    }
+    return PriceBook(overrides, catalog.info)
+
+
 def create_app(config: Config) -> Litestar:
     """A ready-to-serve app for `config`; its resources live from startup to shutdown."""
     prepare_offline_environment()
@@ -66,8 +81,10 @@ def create_app(config: Config) -> Litestar:
         catalog = await asyncio.to_thread(ModelCatalog.load)
         await asyncio.to_thread(migrate.upgrade, config.database.url)
         db = Database(config.database.url)
+        limits = LimitKeeper(db, config, interval=config.server.limits_sync_seconds)
         try:
             await sweep_abandoned_exchanges(db)
+            await limits.start()  # knows today's spend before the first request
             async with new_http_client() as http:
                 state = AppState(
                     config=config,
@@ -77,6 +94,9 @@ def create_app(config: Config) -> Litestar:
                     memory=ConversationMemory(db),
                     deferred=DeferredExchanges(db),
                     catalog=catalog,
+                    pricer=Pricer(price_book(config, catalog)),
+                    metrics=Metrics(),
+                    limits=limits,
                 )
                 state.upstreams = {
                     name: build_upstream(name, upstream, http)
@@ -94,6 +114,7 @@ def create_app(config: Config) -> Litestar:
                     for upstream in state.upstreams.values():
                         await upstream.aclose()
         finally:
+            await limits.stop()  # writes the counts not yet shared
             await db.dispose()
 
     cors = config.server.cors_origins
@@ -103,8 +124,11 @@ def create_app(config: Config) -> Litestar:
             openai.list_models,
             openai.passthrough,
             *memory.ROUTES,
+            *usage.ROUTES,
+            limits_routes.get_limits,
             ops.healthz,
             ops.readyz,
+            ops.metrics,
         ],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),

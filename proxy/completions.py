@@ -13,12 +13,14 @@ from litestar import Request, Response
 
 from policies.context import Assembly, Budget, assemble
 from policies.tokens import count_messages, upper_bound_tokens
-from proxy.access import RequestInfo, request_info
+from proxy.access import request_info
 from proxy.auth import Principal
-from proxy.errors import BadRequest, ProxyError, ServiceUnavailable
+from proxy.costs import count_prompt, nothing_billed
+from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
 from proxy.memory import ANONYMOUS, Mode, Outcome, Turn
+from proxy.metrics import InFlight
 from proxy.relay import to_response
-from proxy.sse import ReplyAssembler, SSEDecoder, reply_from_completion
+from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
 from storage.errors import StorageError
 
@@ -75,59 +77,86 @@ def memory_headers(turn: Turn | None, assembly: Assembly | None, degraded: bool)
 
 
 class ChatStreamObserver:
-    """Reassembles a streamed reply and records it when the stream ends."""
+    """Reassembles a streamed reply, leaves out the usage chunk the client did not ask for,
+    and settles the exchange when the stream ends."""
 
-    def __init__(
-        self, services: AppState, turn: Turn | None, info: RequestInfo, attached: dict[str, Any]
-    ) -> None:
-        self.services, self.turn, self.info, self.attached = services, turn, info, attached
+    def __init__(self, chat: ChatExchange, *, drop_usage_chunk: bool) -> None:
+        self.chat = chat
+        self.drop_usage_chunk = drop_usage_chunk
         self.decoder = SSEDecoder()
         self.reply = ReplyAssembler()
         self.first_chunk_at: float | None = None
         self.broken = False
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> bytes:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.perf_counter()
-        if self.broken:
-            return
+        kept: list[bytes] = []
+        dropped = False
+        for raw in self.decoder.split(chunk):
+            if self._observe(raw) and self.drop_usage_chunk:
+                dropped = True
+            else:
+                kept.append(raw)
+        if not self.drop_usage_chunk:
+            return chunk  # what the client asked for, byte for byte
+        # Whole events only, so that the usage chunk can be left out wherever it falls.
+        return b"".join(kept) if dropped or len(kept) != 1 or kept[0] != chunk else chunk
+
+    def flush(self) -> bytes:
+        rest = self.decoder.pending()
+        return rest if self.drop_usage_chunk else b""
+
+    def _observe(self, raw: bytes) -> bool:
+        """Fold one event into the reply; True if it is the usage-only chunk."""
+        payload = event_data(raw)
+        if payload is None or self.broken:
+            return False
         try:
-            for payload in self.decoder.feed(chunk):
-                self.reply.add(payload)
+            return self.reply.add(payload)
         except Exception:
             # Chunks we cannot make sense of still reach the client; we stop reassembling.
             self.broken = True
-            log.warning("stream_not_understood", request_id=self.info.request_id, exc_info=True)
+            log.warning("stream_not_understood", request_id=self.chat.request_id, exc_info=True)
+            return False
 
-    def _outcome(self, status: str, error: str | None) -> Outcome:
+    async def _outcome(self, status: str, error: str | None) -> Outcome:
         if status == "complete" and not (self.reply.done or self.reply.finish_reason):
             status = "incomplete"
-        started = self.info.started
+        reply = self.reply.message() if self.reply.received_anything else None
+        chat = self.chat
+        bill = await chat.services.pricer.final(
+            chat.model,
+            self.reply.usage,
+            prompt_tokens=chat.prompt_tokens,
+            prompt=chat.sent_messages,
+            reply=reply,
+        )
+        started = chat.info.started
         return Outcome(
             status=status,  # type: ignore[arg-type]
             http_status=200,
-            reply=self.reply.message() if self.reply.received_anything else None,
-            usage=self.reply.usage,
+            reply=reply,
+            bill=bill,
             error=error,
             latency_ms=(time.perf_counter() - started) * 1000,
             ttft_ms=None if self.first_chunk_at is None else (self.first_chunk_at - started) * 1000,
-            upstream_ms=self.info.upstream_ms,
-            attached=self.attached,
+            upstream_ms=chat.info.upstream_ms,
+            overhead_ms=chat.overhead_ms,
+            attached=chat.attached,
         )
 
     async def finish(self, status: str, error: str | None) -> None:
-        if self.turn is not None:
-            # Shielded: a client leaving during this write must not cancel it half-way.
-            task = self.services.spawn(
-                record(self.services, self.turn, self._outcome(status, error))
-            )
-            await asyncio.shield(task)
+        # Shielded: a client leaving during this write must not cancel it half-way.
+        task = self.chat.services.spawn(self._settle(status, error))
+        await asyncio.shield(task)
 
     def abandon(self) -> None:
-        if self.turn is not None:
-            # Complete if the reply had already finished when the client left.
-            outcome = self._outcome("complete", "client disconnected")
-            self.services.spawn(record(self.services, self.turn, outcome))
+        # Complete if the reply had already finished when the client left.
+        self.chat.services.spawn(self._settle("complete", "client disconnected"))
+
+    async def _settle(self, status: str, error: str | None) -> None:
+        await self.chat.settle(await self._outcome(status, error))
 
 
 async def record(services: AppState, turn: Turn, outcome: Outcome) -> None:
@@ -151,98 +180,207 @@ async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
         log.error("exchange_not_recorded", request_id=turn.request_id, error=str(exc))
 
 
+class ChatExchange:
+    """One chat completion through the proxy, from the request to its settled record."""
+
+    def __init__(
+        self,
+        request: Request[Any, Any, Any],
+        principal: Principal,
+        services: AppState,
+        body: dict[str, Any],
+    ) -> None:
+        self.request, self.principal, self.services, self.body = request, principal, services, body
+        self.info = request_info(request.scope)
+        self.request_id = self.info.request_id
+        self.ext = read_extensions(request, body)
+        self.model: str = body["model"]
+        self.model_label = services.metrics.model(self.model)
+        self.upstream = services.upstream_for(principal)
+        self.turn: Turn | None = None
+        self.assembly: Assembly | None = None
+        self.degraded = False
+        self.attached: dict[str, Any] = {}
+        self.sent_messages: list[dict[str, Any]] = body["messages"]
+        self.prompt_tokens: int | None = None  # our count of the prompt, when one was needed
+        self.overhead_ms: float | None = None
+        self.flight = InFlight(services.metrics.in_flight)
+        self.settled = False
+
+    async def answer(self) -> Response[Any]:
+        try:
+            return await self._answer()
+        except BaseException as exc:
+            if not self.settled:
+                status = exc.status if isinstance(exc, ProxyError) else 500
+                tenant = self.principal.tenant_id
+                self.services.metrics.requests.labels(tenant, self.model_label, str(status)).inc()
+                self.flight.end()
+            raise
+
+    async def _answer(self) -> Response[Any]:
+        # memproxy's own extension: never forwarded (attachments are handled by a later feature).
+        self.body.pop("attachments", None)
+        await self._remember()
+        body = self.body
+        if self.assembly is not None:
+            body = {**body, "messages": self.assembly.messages}
+            self.sent_messages = self.assembly.messages
+        stream = self.info.stream
+        drop_usage_chunk = False
+        counting: asyncio.Future[int] | None = None
+        if stream:
+            body, drop_usage_chunk = self._ask_for_usage(body)
+            # The stream's headers carry the prompt side: counted while the upstream works.
+            counting = asyncio.ensure_future(self._count_prompt())
+        forwarded = time.perf_counter()
+        self.overhead_ms = (forwarded - self.info.started) * 1000
+        try:
+            reply = await self.upstream.chat_completions(body, stream=stream)
+        except Exception as exc:
+            if counting is not None:
+                counting.cancel()
+            failure = exc if isinstance(exc, ProxyError) else ProxyError(repr(exc))
+            outcome = Outcome(
+                "error",
+                failure.status,
+                bill=nothing_billed(),
+                error=failure.message,
+                overhead_ms=self.overhead_ms,
+                attached=self.attached,
+            )
+            await self.settle(outcome)
+            raise
+        self.info.upstream_ms = (time.perf_counter() - forwarded) * 1000
+
+        headers = memory_headers(self.turn, self.assembly, self.degraded)
+        if reply.chunks is not None:
+            self.prompt_tokens = await counting if counting else await self._count_prompt()
+            prompt_side = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
+            headers.update(prompt_side.headers())
+            observer = ChatStreamObserver(self, drop_usage_chunk=drop_usage_chunk)
+            return to_response(self.request, reply, headers=headers, observer=observer)
+        if counting is not None:
+            counting.cancel()
+        outcome = await self._whole_outcome(reply.status, reply.body or b"", forwarded)
+        assert outcome.bill is not None
+        headers.update(outcome.bill.headers())
+        await self.settle(outcome)
+        return to_response(self.request, reply, headers=headers)
+
+    async def _remember(self) -> None:
+        """Store the turn (per the memory mode) and attach the history the client did not send."""
+        tenant = self.principal.tenant
+        messages = self.sent_messages
+        try:
+            self.turn = await self.services.memory.begin(
+                request_id=self.request_id,
+                tenant_id=self.principal.tenant_id,
+                user_id=self.ext.user_id,
+                conversation_id=self.ext.conversation_id,
+                mode=self.ext.mode,
+                idempotency_key=self.ext.idempotency_key,
+                messages=messages,
+                model=self.model,
+                upstream=self.upstream.name,
+                stream=self.info.stream,
+                context=tenant.context,
+            )
+        except StorageError as exc:
+            if not tenant.fail_open:
+                raise ServiceUnavailable("Memory storage is unavailable.") from exc
+            self.degraded = True
+            self.services.metrics.degraded.labels(self.principal.tenant_id).inc()
+            log.warning("memory_degraded", request_id=self.request_id, error=str(exc))
+        if self.turn is not None and self.turn.history:
+            ctx = tenant.context
+            window = self.services.context_window(self.model)
+            budget = Budget(
+                token_budget=ctx.token_budget,
+                max_history_messages=ctx.max_history_messages,
+                min_recent_messages=ctx.min_recent_messages,
+                context_window=window,
+                reserve_tokens=_reserve(self.body),
+            )
+            client_tokens = None
+            if window is not None:
+                client_tokens = upper_bound_tokens(messages)
+                if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
+                    client_tokens = await asyncio.to_thread(count_messages, messages, self.model)
+            self.assembly = assemble(messages, self.turn.history, budget, client_tokens)
+        assembly = self.assembly
+        self.attached = {
+            "history_messages": assembly.history_messages if assembly else 0,
+            "context_tokens": assembly.context_tokens if assembly else 0,
+            "dropped_for_window": assembly.dropped_for_window if assembly else 0,
+        }
+
+    def _ask_for_usage(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Ask the upstream for the usage chunk; True if the client did not ask for it."""
+        options = body.get("stream_options") or {}
+        if options.get("include_usage") is True or not self.upstream.stream_usage:
+            return body, False
+        return {**body, "stream_options": {**options, "include_usage": True}}, True
+
+    async def _count_prompt(self) -> int:
+        """The prompt's tokens: the client's messages counted now, plus the stored ones the
+        proxy attached (counted when they were stored)."""
+        client = await count_prompt(self.body["messages"], self.model)
+        return client + (self.assembly.context_tokens if self.assembly else 0)
+
+    async def _whole_outcome(self, status: int, body: bytes, forwarded: float) -> Outcome:
+        ok = status < 400
+        message, usage = reply_from_completion(body) if ok else (None, None)
+        if ok:
+            bill = await self.services.pricer.final(
+                self.model, usage, prompt_tokens=None, prompt=self.sent_messages, reply=message
+            )
+        else:
+            bill = nothing_billed()
+        now = time.perf_counter()
+        upstream_ms = self.info.upstream_ms or 0.0
+        return Outcome(
+            status="complete" if ok else "error",
+            http_status=status,
+            reply=message,
+            bill=bill,
+            error=None if ok else body[:2000].decode("utf-8", "replace"),
+            latency_ms=(now - self.info.started) * 1000,
+            upstream_ms=upstream_ms,
+            overhead_ms=(now - self.info.started) * 1000 - upstream_ms,
+            attached=self.attached,
+        )
+
+    async def settle(self, outcome: Outcome) -> None:
+        """Count the exchange (metrics, the tenant's limits) and record it."""
+        if self.settled:
+            return
+        self.settled = True
+        self.flight.end()
+        tenant = self.principal.tenant_id
+        self.services.metrics.observe_chat(tenant, self.model_label, outcome)
+        if outcome.bill is not None:
+            usage = outcome.bill.usage
+            self.services.limits.spend(tenant, usage.total_tokens, outcome.bill.total_usd)
+        if self.turn is not None:
+            await record(self.services, self.turn, outcome)
+
+
 async def chat_completion(
     request: Request[Any, Any, Any], principal: Principal, services: AppState, body: dict[str, Any]
 ) -> Response[Any]:
-    info = request_info(request.scope)
-    ext = read_extensions(request, body)
-    tenant = principal.tenant
-    model: str = body["model"]
-    stream = info.stream
-    upstream = services.upstream_for(principal)
-    messages: list[dict[str, Any]] = body["messages"]
-    # memproxy's own extension: never forwarded (attachments are handled by a later feature).
-    body.pop("attachments", None)
-
-    turn: Turn | None = None
-    degraded = False
+    metrics = services.metrics
     try:
-        turn = await services.memory.begin(
-            request_id=info.request_id,
-            tenant_id=principal.tenant_id,
-            user_id=ext.user_id,
-            conversation_id=ext.conversation_id,
-            mode=ext.mode,
-            idempotency_key=ext.idempotency_key,
-            messages=messages,
-            model=model,
-            upstream=upstream.name,
-            stream=stream,
-            context=tenant.context,
-        )
-    except StorageError as exc:
-        if not tenant.fail_open:
-            raise ServiceUnavailable("Memory storage is unavailable.") from exc
-        degraded = True
-        log.warning("memory_degraded", request_id=info.request_id, error=str(exc))
-
-    assembly: Assembly | None = None
-    if turn is not None and turn.history:
-        ctx = tenant.context
-        window = services.context_window(model)
-        budget = Budget(
-            token_budget=ctx.token_budget,
-            max_history_messages=ctx.max_history_messages,
-            min_recent_messages=ctx.min_recent_messages,
-            context_window=window,
-            reserve_tokens=_reserve(body),
-        )
-        client_tokens = None
-        if window is not None:
-            client_tokens = upper_bound_tokens(messages)
-            if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
-                client_tokens = await asyncio.to_thread(count_messages, messages, model)
-        assembly = assemble(messages, turn.history, budget, client_tokens)
-        body = {**body, "messages": assembly.messages}
-    attached = {
-        "history_messages": assembly.history_messages if assembly else 0,
-        "context_tokens": assembly.context_tokens if assembly else 0,
-        "dropped_for_window": assembly.dropped_for_window if assembly else 0,
-    }
-    headers = memory_headers(turn, assembly, degraded)
-
-    started = time.perf_counter()
-    try:
-        reply = await upstream.chat_completions(body, stream=stream)
-    except Exception as exc:
-        if turn is not None:
-            failure = exc if isinstance(exc, ProxyError) else ProxyError(repr(exc))
-            outcome = Outcome("error", failure.status, error=failure.message, attached=attached)
-            await record(services, turn, outcome)
+        # Limits first: a refused request stores nothing and never reaches the upstream.
+        services.limits.admit(principal)
+        chat = ChatExchange(request, principal, services, body)
+    except ProxyError as exc:
+        tenant = principal.tenant_id
+        if isinstance(exc, RateLimited):
+            metrics.rate_limited.labels(tenant, exc.type).inc()
+        metrics.requests.labels(tenant, metrics.model(body["model"]), str(exc.status)).inc()
         raise
-    info.upstream_ms = (time.perf_counter() - started) * 1000
-
-    if reply.chunks is not None:
-        observer = ChatStreamObserver(services, turn, info, attached)
-        return to_response(request, reply, headers=headers, observer=observer)
-    if turn is not None:
-        ok = reply.status < 400
-        message, usage = reply_from_completion(reply.body or b"") if ok else (None, None)
-        await record(
-            services,
-            turn,
-            Outcome(
-                status="complete" if ok else "error",
-                http_status=reply.status,
-                reply=message,
-                usage=usage,
-                error=None if ok else (reply.body or b"")[:2000].decode("utf-8", "replace"),
-                latency_ms=(time.perf_counter() - info.started) * 1000,
-                upstream_ms=info.upstream_ms,
-                attached=attached,
-            ),
-        )
-    return to_response(request, reply, headers=headers)
+    return await chat.answer()
 
 
 def _reserve(body: dict[str, Any]) -> int:

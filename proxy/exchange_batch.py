@@ -31,6 +31,8 @@ class DeferredExchanges:
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
         self._sleeping = False
+        # One batch written at a time, so `settle` can wait for the one being written.
+        self._writing = asyncio.Lock()
 
     def add(self, turn: Turn, outcome: Outcome) -> None:
         if self._closed:
@@ -51,10 +53,19 @@ class DeferredExchanges:
         finally:
             self._flusher = None
 
+    async def settle(self) -> None:
+        """Write the records still waiting, after any batch being written now: a management
+        call then reads every exchange that has ended."""
+        if self._rows or self._writing.locked():
+            await self.flush()
+
     async def flush(self) -> None:
-        rows, self._rows = self._rows, []
-        if not rows:
-            return
+        async with self._writing:
+            rows, self._rows = self._rows, []
+            if rows:
+                await self._write(rows)
+
+    async def _write(self, rows: list[dict[str, Any]]) -> None:
         try:
             await self.db.write(partial(_insert_finished, rows))
         except StorageUnavailable as exc:

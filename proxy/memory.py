@@ -29,6 +29,7 @@ from policies.identity import (
 )
 from policies.tokens import count_message, message_text
 from proxy.config import ContextSettings
+from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
@@ -41,8 +42,6 @@ Mode = Literal["full", "read", "off"]
 ANONYMOUS = "anonymous"
 # Stored messages read beyond the history window, so a tool call's replies are not cut off.
 TAIL_SLACK = 8
-# Texts longer than this are tokenized in a worker thread, off the event loop.
-TOKENIZE_INLINE_CHARS = 16_000
 
 
 def now() -> datetime:
@@ -78,16 +77,17 @@ class Outcome:
     status: Literal["complete", "incomplete", "error"]
     http_status: int | None = None
     reply: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
+    bill: Bill | None = None
     error: str | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
     upstream_ms: float | None = None
+    # The proxy's own time: before forwarding, and (non-stream) after the upstream answered.
+    overhead_ms: float | None = None
     attached: dict[str, Any] = field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:
         """The exchange record's columns for this outcome."""
-        usage = self.usage or {}
         return {
             "status": self.status,
             "http_status": self.http_status,
@@ -95,10 +95,9 @@ class Outcome:
             "latency_ms": self.latency_ms,
             "ttft_ms": self.ttft_ms,
             "upstream_ms": self.upstream_ms,
+            "overhead_ms": self.overhead_ms,
             "attached": self.attached,
-            "usage": self.usage,
-            "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage.get("completion_tokens"),
+            **(self.bill.fields() if self.bill else NO_BILL_FIELDS),
             "error": self.error,
         }
 

@@ -23,7 +23,13 @@ class StreamObserver(Protocol):
     """Watches a relayed stream; `finish` runs before the client sees `data: [DONE]`, so what
     it stores is in place before the client can send its next request."""
 
-    def feed(self, chunk: bytes) -> None: ...
+    def feed(self, chunk: bytes) -> bytes:
+        """Observe `chunk`; return what the client gets of it (usually `chunk` itself)."""
+        ...
+
+    def flush(self) -> bytes:
+        """At the end of the stream: anything `feed` held back."""
+        ...
 
     async def finish(self, status: str, error: str | None) -> None: ...
 
@@ -33,8 +39,11 @@ class StreamObserver(Protocol):
 
 
 class _Unobserved:
-    def feed(self, chunk: bytes) -> None:
-        pass
+    def feed(self, chunk: bytes) -> bytes:
+        return chunk
+
+    def flush(self) -> bytes:
+        return b""
 
     async def finish(self, status: str, error: str | None) -> None:
         pass
@@ -84,7 +93,8 @@ async def relay(
     chunks: AsyncIterator[bytes],
     observer: StreamObserver | None = None,
 ) -> AsyncIterator[bytes]:
-    """Pass chunks on unchanged; a failure after the first byte becomes a final error event.
+    """Pass chunks on as they arrive (an observer may leave out an event the client did not
+    ask for); a failure after the first byte becomes a final error event.
 
     Closing this generator (the client went away) closes the upstream iterator, which closes
     the upstream connection and so cancels the upstream request.
@@ -92,27 +102,33 @@ async def relay(
     info = request_info(request.scope)
     finished = observer is None
     observer = observer or _Unobserved()
-    line_start = True  # whether the previous chunk ended a line
+    line_start = True  # whether what the client got so far ends a line
     try:
         async for chunk in chunks:
-            at = -1 if finished else done_marker(chunk, line_start)
+            if finished:
+                yield chunk
+                continue
+            chunk = observer.feed(chunk)
+            if not chunk:
+                continue
+            at = done_marker(chunk, line_start)
             line_start = chunk.endswith(b"\n")
             if at < 0:
-                if not finished:
-                    observer.feed(chunk)
                 yield chunk
                 continue
             # Hold `data: [DONE]` back until the observer has stored the reply. (A marker split
             # across two network reads is missed here; the stream's end then finishes instead.)
             if at:
-                observer.feed(chunk[:at])
                 yield chunk[:at]
             finished = True
             await observer.finish("complete", None)
             yield chunk[at:]
         if not finished:
+            rest = observer.flush()
             finished = True
             await observer.finish("complete", None)
+            if rest:
+                yield rest
     except Exception as exc:  # (cancellation and GeneratorExit are not Exceptions)
         # An upstream failure (ProxyError) or anything unexpected: the client still gets a
         # last event saying so, and what arrived is recorded.

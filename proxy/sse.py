@@ -14,21 +14,37 @@ DONE = b"data: [DONE]"
 
 
 class SSEDecoder:
-    """Incremental `data:` event decoder (events end with a blank line; CRLF tolerated)."""
+    """Incremental SSE event splitter (events end with a blank line; CRLF tolerated)."""
 
     def __init__(self) -> None:
         self._buffer = b""
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """The data payloads of every event completed by `chunk`."""
+    def split(self, chunk: bytes) -> list[bytes]:
+        """Every event completed by `chunk`, raw, each with its closing blank line; a partial
+        event stays buffered until the chunk that completes it."""
         self._buffer += chunk.replace(b"\r\n", b"\n")
         events: list[bytes] = []
-        while (end := self._buffer.find(b"\n\n")) >= 0:
-            raw, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
-            data = [line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")]
-            if data:
-                events.append(b"\n".join(data))
+        start = 0
+        while (end := self._buffer.find(b"\n\n", start)) >= 0:
+            events.append(self._buffer[start : end + 2])
+            start = end + 2
+        self._buffer = self._buffer[start:]
         return events
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The data payloads of every event completed by `chunk`."""
+        return [p for p in map(event_data, self.split(chunk)) if p is not None]
+
+    def pending(self) -> bytes:
+        """What arrived after the last complete event (and forget it)."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+
+def event_data(raw: bytes) -> bytes | None:
+    """The data payload of one raw event, or None if it has no `data:` line."""
+    data = [line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(data) if data else None
 
 
 class ReplyAssembler:
@@ -44,28 +60,33 @@ class ReplyAssembler:
         self.done = False
         self.chunks = 0
 
-    def add(self, payload: bytes) -> None:
+    def add(self, payload: bytes) -> bool:
+        """Fold one event in; True if it is the usage-only chunk (usage, no choices) that
+        `stream_options.include_usage` asks for."""
         if payload == b"[DONE]":
             self.done = True
-            return
+            return False
         try:
             event = msgspec.json.decode(payload)
         except msgspec.DecodeError:
-            return
+            return False
         if not isinstance(event, dict):
-            return
+            return False
         if isinstance(event.get("error"), dict):
             self.error = event["error"]
-            return
+            return False
         self.chunks += 1
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
+            if event.get("choices") == []:
+                return True
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             self._add_delta(choice.get("delta") or {})
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+        return False
 
     def _add_delta(self, delta: dict[str, Any]) -> None:
         if isinstance(delta.get("content"), str):

@@ -12,8 +12,11 @@ import httpx
 from proxy.auth import KeyRing, Principal
 from proxy.catalog import ModelCatalog
 from proxy.config import Config, UpstreamConfig
+from proxy.costs import Pricer
 from proxy.exchange_batch import DeferredExchanges
+from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory
+from proxy.metrics import Metrics
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream
@@ -30,6 +33,9 @@ class AppState:
     memory: ConversationMemory
     deferred: DeferredExchanges
     catalog: ModelCatalog
+    pricer: Pricer
+    metrics: Metrics
+    limits: LimitKeeper
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 

@@ -78,7 +78,7 @@ def _limit(request: Request[Any, Any, Any], default: int = 20) -> int:
     return int(raw)
 
 
-def _user(value: Any, param: str = "user") -> str:
+def user_param(value: Any, param: str = "user") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > 256:
         raise BadRequest(
             f"'{param}' must be a non-empty string of at most 256 characters.", param=param
@@ -109,7 +109,7 @@ async def list_conversations(
 ) -> Response[Any]:
     user = request.query_params.get("user")
     if user is not None:
-        _user(user)
+        user_param(user)
     limit = _limit(request)
     after = request.query_params.get("after")
 
@@ -135,7 +135,7 @@ async def create_conversation(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
-    user = _user(body.get("user"))
+    user = user_param(body.get("user"))
     conversation_id = body.get("id")
     if conversation_id is not None and (
         not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id)
@@ -317,7 +317,7 @@ async def delete_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    _user(user_id, "user_id")
+    user_param(user_id, "user_id")
     counts = await services.db.write(
         lambda conn: Conversations(conn).delete_user(principal.tenant_id, user_id)
     )

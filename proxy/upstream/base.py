@@ -36,6 +36,8 @@ class Upstream(Protocol):
 
     name: str
     kind: str
+    # Whether streams may carry `stream_options.include_usage` to this upstream.
+    stream_usage: bool
 
     async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
         """Send a chat completion request; with `stream`, return before the body arrives."""

@@ -41,6 +41,7 @@ class EchoUpstream:
 
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name
+        self.stream_usage = config.stream_usage
         self._models = config.models or ["echo"]
 
     async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:

@@ -94,6 +94,7 @@ class LiteLLMUpstream:
 
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name
+        self.stream_usage = config.stream_usage
         self._config = config
         self._litellm: Any = None
 

@@ -29,6 +29,7 @@ class OpenAIUpstream:
 
     def __init__(self, name: str, config: UpstreamConfig, client: httpx.AsyncClient) -> None:
         self.name = name
+        self.stream_usage = config.stream_usage
         self._client = client
         self._base = config.base_url or "https://api.openai.com/v1"
         self._auth = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}

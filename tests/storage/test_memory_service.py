@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection
 
+from policies.pricing import Usage
 from proxy.config import ContextSettings
+from proxy.costs import Bill
 from proxy.errors import NotFound
 from proxy.exchange_batch import DeferredExchanges
 from proxy.memory import ConversationMemory, Mode, Outcome, Turn
@@ -367,7 +369,7 @@ async def test_off_mode_records_are_written_in_one_batch_and_flushed_on_close(
     turns = [await begin(memory, [user(f"q{i}")], mode="off") for i in range(3)]
     for turn in turns:
         assert turn.pending is not None  # nothing was written before the upstream call
-        deferred.add(turn, Outcome("complete", http_status=200, usage={"prompt_tokens": 7}))
+        deferred.add(turn, Outcome("complete", http_status=200, bill=Bill(Usage(7, 0), None)))
     assert [await db.read(lambda c, t=t: Exchanges(c).get("t1", t.request_id)) for t in turns] == [
         None
     ] * 3
