@@ -91,17 +91,13 @@ class ChatStreamObserver:
     def feed(self, chunk: bytes) -> bytes:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.perf_counter()
-        kept: list[bytes] = []
-        dropped = False
-        for raw in self.decoder.split(chunk):
-            if self._observe(raw) and self.drop_usage_chunk:
-                dropped = True
-            else:
-                kept.append(raw)
+        events = self.decoder.split(chunk)
         if not self.drop_usage_chunk:
+            for raw in events:
+                self._observe(raw)
             return chunk  # what the client asked for, byte for byte
         # Whole events only, so that the usage chunk can be left out wherever it falls.
-        return b"".join(kept) if dropped or len(kept) != 1 or kept[0] != chunk else chunk
+        return b"".join(raw for raw in events if not self._observe(raw))
 
     def flush(self) -> bytes:
         rest = self.decoder.pending()

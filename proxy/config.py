@@ -42,6 +42,8 @@ class _Strict(BaseModel):
 class ServerConfig(_Strict):
     max_body_bytes: int = Field(8_000_000, gt=0)
     cors_origins: list[str] = []
+    # How often each replica writes its limit counts and reads the shared totals (see limits).
+    limits_sync_seconds: float = Field(1.0, gt=0)
 
 
 class DatabaseConfig(_Strict):
