@@ -16,13 +16,19 @@ target, then the next target), so each target sees its own 32 clients and drift 
 machine hits all three alike. Every request is the same one-message first turn of an
 anonymous user, so memproxy opens a conversation and stores the turn and the reply each time.
 
+With `--baseline-rev REV` (by default the commit that closed the conversation-memory issue)
+a fifth target, memproxy-prev, is memproxy at that revision (memory on), exported with `git
+archive` and run the same way: "accounting" is memproxy's p50 and TTFT minus memproxy-prev's,
+what cost accounting, limits and metrics added (target: at most ACCOUNTING_BUDGET_MS). Both
+serve a tenant with every limit set (high enough never to refuse), and a priced model.
+
 "Added" is a target's p50 (or time to first token) minus direct's. The target: memproxy's
 added p50 and added TTFT at most 1.25x the floor's from the same run, and no buffering (the
 first chunk of a stream reaches the client before the upstream has finished it). `cpu/req` is
 the CPU time each proxy process used over the scenario per request (all its threads), a
 steadier figure than latency on a shared machine. Compare figures only within one run.
 
-    .venv/bin/python bench/overhead.py [--requests 300] [--json figures.json]
+    .venv/bin/python bench/overhead.py [--requests 300] [--json figures.json] [--baseline-rev REV]
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ CHAT_PATH = "/v1/chat/completions"
 # chunk and [DONE], this prompt makes a stream of 10 chunks.
 PROMPT = "say hi please now"
 TARGETS = ("direct", "floor", "memproxy-off", "memproxy")
+PREVIOUS = "memproxy-prev"
+# The last commit of the conversation-memory issue: memproxy before cost accounting and limits.
+BASELINE_REV = "5ab5a29"
+ACCOUNTING_BUDGET_MS = 1.0
 # memproxy-off is memproxy asked for `X-Memory-Mode: off`, in a process of its own: the proxy
 # core, which the 1.25x target is about. memproxy (memory on) must add at most
 # MEMORY_BUDGET_MS p50 over it (the conversation-memory issue's target).
@@ -99,16 +109,31 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
-def spawn(name: str, command: list[str], port: int, logdir: Path) -> Server:
+def spawn(name: str, command: list[str], port: int, logdir: Path, code: Path = ROOT) -> Server:
     log = logdir / f"{name}.log"
-    # The code of this checkout, also when the installed `memproxy` points at another one.
+    # The code of `code` (this checkout by default), also when the installed `memproxy` points
+    # at another one: PYTHONPATH comes before the editable install's finder.
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])),
     }
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=code, env=env)
     return Server(name, port, process, log)
+
+
+def export_revision(rev: str, into: Path) -> Path:
+    """The tree of `rev` (a commit of this repository) as plain files under `into`."""
+    into.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", rev],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode:
+        raise SystemExit(f"--baseline-rev {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
 
 
 def wait_ready(server: Server, timeout: float = 60.0) -> None:
@@ -137,7 +162,10 @@ def memproxy_config(upstream: str, workdir: Path, database_url: str | None = Non
         "upstreams:\n"
         f"  fake: {{kind: openai, base_url: {upstream}/v1, api_key: bench-upstream-key}}\n"
         "defaults: {upstream: fake}\n"
-        f"tenants:\n  bench: {{api_keys: [{API_KEY}]}}\n"
+        f"tenants:\n  bench:\n    api_keys: [{API_KEY}]\n"
+        # Every limit on (and never reached), so admitting and counting are measured.
+        "    limits: {rpm: 100000000, tpm: 100000000000, budget_usd_day: 1000000,"
+        " budget_usd_month: 1000000}\n"
     )
 
 
@@ -178,18 +206,30 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                     logdir,
                 )
             )
-            # Two memproxy processes, one per mode, so neither pays for the other's writes.
-            for name in ("memproxy-off", "memproxy"):
+            # Two memproxy processes, one per mode, so neither pays for the other's writes; and
+            # the previous revision's, when asked for.
+            names = ["memproxy-off", "memproxy"]
+            code = {name: ROOT for name in names}
+            if args.baseline_rev:
+                names.append(PREVIOUS)
+                code[PREVIOUS] = export_revision(args.baseline_rev, workdir / "previous")
+            for name in names:
                 home = workdir / name
                 home.mkdir()
                 config = home / "config.yaml"
-                config.write_text(memproxy_config(fake.url, home, args.database_url))
+                database_url = args.database_url
+                if database_url and name == PREVIOUS:
+                    database_url = None  # its own SQLite file: the schemas differ
+                config.write_text(memproxy_config(fake.url, home, database_url))
                 port = free_port()
+                command = (
+                    memproxy_command() if name != PREVIOUS else [sys.executable, "-m", "proxy.cli"]
+                )
                 started.append(
                     spawn(
                         name,
                         [
-                            *memproxy_command(),
+                            *command,
                             "serve",
                             f"--config={config}",
                             f"--port={port}",
@@ -198,16 +238,12 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                         ],
                         port,
                         logdir,
+                        code[name],
                     )
                 )
             for server in started:
                 wait_ready(server)
-            yield {
-                "direct": started[0],
-                "floor": started[1],
-                "memproxy-off": started[2],
-                "memproxy": started[3],
-            }
+            yield dict(zip(("direct", "floor", *names), started, strict=True))
         finally:
             for server in started:
                 server.process.terminate()
@@ -399,7 +435,7 @@ def summarize(
         sent = len(s.ok) + len(s.errors)
         stats[name]["cpu_ms_per_request"] = ms(used / sent) if used is not None and sent else None
     base = stats["direct"]
-    for name in ("floor", "memproxy-off", "memproxy"):
+    for name in [n for n in stats if n != "direct"]:
         for key in ("p50_ms", "ttft_p50_ms"):
             value, direct = stats[name][key], base[key]
             added = None if value is None or direct is None else round(value - direct, 3)
@@ -424,7 +460,26 @@ def summarize(
         if on["ttft_p50_ms"] is None or off["ttft_p50_ms"] is None
         else on["ttft_p50_ms"] - off["ttft_p50_ms"]
     )
+    accounting: dict[str, Any] = {}
+    if PREVIOUS in stats:
+        prev = stats[PREVIOUS]
+        for key in ("p50_ms", "ttft_p50_ms"):
+            now, before = on[key], prev[key]
+            added = None if now is None or before is None else round(now - before, 3)
+            accounting["accounting_added_" + key] = added
+        accounting["accounting_target_met"] = (
+            accounting["accounting_added_p50_ms"] is not None
+            and accounting["accounting_added_p50_ms"] <= ACCOUNTING_BUDGET_MS
+            and (
+                not stream
+                or (
+                    accounting["accounting_added_ttft_p50_ms"] is not None
+                    and accounting["accounting_added_ttft_p50_ms"] <= ACCOUNTING_BUDGET_MS
+                )
+            )
+        )
     return {
+        **accounting,
         "memory_added_p50_ms": None if memory_p50 is None else round(memory_p50, 3),
         "memory_added_ttft_ms": None if memory_ttft is None else round(memory_ttft, 3),
         "memory_target_met": memory_p50 is not None and memory_p50 <= MEMORY_BUDGET_MS,
@@ -452,16 +507,16 @@ def ratio_text(value: float | None) -> str:
 
 def table(results: dict[str, dict[str, Any]], buffering: dict[str, dict[str, Any]]) -> str:
     head = (
-        f"{'scenario':<16}{'target':<13}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttft p50':>10}"
+        f"{'scenario':<16}{'target':<15}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttft p50':>10}"
         f"{'added p50':>11}{'added ttft':>12}{'cpu/req':>9}"
     )
     lines = [head, "-" * len(head)]
     for scenario, result in results.items():
-        for i, name in enumerate(TARGETS):
+        for i, name in enumerate(result["targets"]):
             s = result["targets"][name]
             errors = f"  ({s['errors']} errors: {s['first_error']})" if s["errors"] else ""
             lines.append(
-                f"{scenario if i == 0 else '':<16}{name:<13}{s['n']:>6}{fmt(s['p50_ms']):>9}"
+                f"{scenario if i == 0 else '':<16}{name:<15}{s['n']:>6}{fmt(s['p50_ms']):>9}"
                 f"{fmt(s['p99_ms']):>9}{fmt(s['ttft_p50_ms']):>10}"
                 f"{fmt(s.get('added_p50_ms'), True):>11}"
                 f"{fmt(s.get('added_ttft_p50_ms'), True):>12}"
@@ -481,12 +536,21 @@ def table(results: dict[str, dict[str, Any]], buffering: dict[str, dict[str, Any
             + ("" if memory_ttft is None else f", ttft {fmt(memory_ttft, True)} ms")
             + f"  -> <= {MEMORY_BUDGET_MS:.0f} ms {memory}"
         )
+        if "accounting_target_met" in result:
+            verdict = "met" if result["accounting_target_met"] else "NOT met"
+            ttft_added = result["accounting_added_ttft_p50_ms"]
+            lines.append(
+                f"{'':<16}accounting (memproxy over memproxy-prev): p50 "
+                f"{fmt(result['accounting_added_p50_ms'], True)} ms"
+                + ("" if ttft_added is None else f", ttft {fmt(ttft_added, True)} ms")
+                + f"  -> <= {ACCOUNTING_BUDGET_MS:.0f} ms {verdict}"
+            )
         lines.append("")
     lines.append("no buffering (first chunk reaches the client before the upstream's end):")
     for name, check in buffering.items():
         lead = check["first_chunk_before_end_ms"]
         detail = "no first chunk" if lead is None else f"first chunk {lead:.1f} ms before the end"
-        lines.append(f"  {name:<10}{'PASS' if check['pass'] else 'FAIL'}  {detail}")
+        lines.append(f"  {name:<15}{'PASS' if check['pass'] else 'FAIL'}  {detail}")
     return "\n".join(lines)
 
 
@@ -503,11 +567,11 @@ def httpx_post(client: httpx.AsyncClient) -> Callable[[bytes], AbstractAsyncCont
 def targets_for(servers_: dict[str, Server], args: argparse.Namespace) -> list[Target]:
     """One keep-alive client per target."""
     targets = []
-    for name in TARGETS:
+    for name in servers_:
         headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
         if name == "memproxy-off":
             headers["x-memory-mode"] = "off"
-        elif name == "memproxy" and args.memory_mode:
+        elif name in ("memproxy", PREVIOUS) and args.memory_mode:
             headers["x-memory-mode"] = args.memory_mode
         base = servers_[name].url
         if args.client == "httpx":
@@ -528,7 +592,7 @@ async def run(args: argparse.Namespace, servers_: dict[str, Server]) -> dict[str
         for stream in (False, True):
             await sequential(targets, args.warmup, stream)
         results: dict[str, dict[str, Any]] = {}
-        pids = {name: servers_[name].process.pid for name in ("floor", "memproxy-off", "memproxy")}
+        pids = {name: server.process.pid for name, server in servers_.items() if name != "direct"}
         for scenario, stream, parallel in SCENARIOS:
             # Warm the connections this scenario needs, the proxies' upstream pools included
             # (uvicorn closes connections idle for 5 s, e.g. during the sequential stream run).
@@ -593,6 +657,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--database-url", help="memproxy's database (default: a fresh SQLite file in a temp dir)"
     )
+    parser.add_argument(
+        "--baseline-rev",
+        default=BASELINE_REV,
+        help="also run memproxy at this git revision (memproxy-prev); '' to skip",
+    )
     parser.add_argument("--memproxy-log-level", default="info")
     parser.add_argument("--logs", help="keep the servers' logs in this directory")
     parser.add_argument("--json", help="also write the figures to this file")
@@ -620,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
             "client",
             "memory_mode",
             "database_url",
+            "baseline_rev",
             "memproxy_log_level",
         )
     }
