@@ -76,6 +76,7 @@ async def passthrough(
     path: FromPath[str],
 ) -> Response[Any]:
     """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
+    services.limits.admit(principal)  # counts the request; its tokens are not known here
     upstream = services.upstream_for(principal)
     started = time.perf_counter()
     reply = await upstream.passthrough(
