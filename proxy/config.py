@@ -62,6 +62,10 @@ class UpstreamConfig(_Strict):
     timeout: TimeoutConfig = TimeoutConfig()
     # Served by GET /v1/models when the upstream cannot list its own (litellm, echo).
     models: list[str] | None = None
+    # Ask for `stream_options.include_usage` on streams, to know what they cost. Turn off
+    # only for an OpenAI-compatible server that rejects the option; streams then get counted
+    # with tiktoken (marked estimated).
+    stream_usage: bool = True
 
     @field_validator("base_url")
     @classmethod
