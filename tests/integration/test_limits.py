@@ -43,11 +43,11 @@ def upstream(url: str) -> UpstreamConfig:
     return UpstreamConfig(kind="openai", base_url=url, api_key="upstream-key")
 
 
-def wait_for_a_fresh_minute(needed: float = 20.0) -> None:
+async def wait_for_a_fresh_minute(needed: float = 20.0) -> None:
     """rpm counts calendar minutes: start where the whole test fits in one."""
     left = 60.0 - (time.time() % 60.0)
     if left < needed:
-        time.sleep(left + 0.05)
+        await asyncio.sleep(left + 0.05)
 
 
 def assert_rate_limited(exc: openai.RateLimitError, type_: str, code: str) -> int:
@@ -76,7 +76,7 @@ async def test_over_rpm_is_a_429_with_retry_after_and_the_upstream_is_never_call
 ) -> None:
     fake, url = fake_upstream
     base = serve_proxy(make_config(upstream(url), limits=Limits(rpm=2)))
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     async with sdk(base) as client:
         for _ in range(2):
             await client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
@@ -101,7 +101,7 @@ async def test_passthrough_endpoints_count_toward_rpm(
 ) -> None:
     fake, url = fake_upstream
     base = serve_proxy(make_config(upstream(url), limits=Limits(rpm=1)))
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     async with sdk(base) as client:
         await client.embeddings.create(model="text-embedding-3-small", input="hi")
         with pytest.raises(openai.RateLimitError) as caught:
@@ -115,7 +115,7 @@ async def test_over_tpm_is_a_429_once_finished_calls_used_the_tokens(
 ) -> None:
     fake, url = fake_upstream
     base = serve_proxy(make_config(upstream(url), limits=Limits(tpm=10)))
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     async with sdk(base) as client:
         first = await client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
         assert first.usage is not None and first.usage.total_tokens >= 5
@@ -162,7 +162,7 @@ async def test_limits_endpoint_shows_the_limits_and_their_use(
 ) -> None:
     _, url = fake_upstream
     base = serve_proxy(make_config(upstream(url), limits=Limits(rpm=5, budget_usd_month=2.5)))
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     async with sdk(base) as client:
         await client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
     async with httpx.AsyncClient(base_url=base) as http:
@@ -355,7 +355,7 @@ async def test_a_limit_used_up_on_one_replica_is_refused_by_the_other(
     replicas: Replicas, clients: Callable[[Replica, str], openai.AsyncOpenAI]
 ) -> None:
     tenant = "handover"
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     a, b = clients(replicas.a, tenant), clients(replicas.b, tenant)
     assert [await ask(a, tenant) for _ in range(SHARED_RPM)] == [True] * SHARED_RPM
     assert not await ask(a, tenant)  # A counts its own requests exactly
@@ -372,7 +372,7 @@ async def test_a_burst_alternating_between_replicas_stays_within_the_documented_
     both know every earlier request; so the overshoot is at most what the other replica
     admitted since the last reconcile: at most ROUND (N - 1 = 1 other replica)."""
     tenant, round_size = "burst", 3
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     a, b = clients(replicas.a, tenant), clients(replicas.b, tenant)
     admitted = 0
     while True:
@@ -393,7 +393,7 @@ async def test_a_concurrent_flood_on_both_replicas_is_capped_at_one_limit_per_re
     """Without time to reconcile, each replica still counts its own requests exactly: at most
     N x limit in one window, whatever the timing (the worst case README.md states)."""
     tenant = "flood"
-    wait_for_a_fresh_minute()
+    await wait_for_a_fresh_minute()
     a, b = clients(replicas.a, tenant), clients(replicas.b, tenant)
     results = await asyncio.gather(*(ask(c, tenant) for _ in range(2 * SHARED_RPM) for c in (a, b)))
     admitted = sum(results)
