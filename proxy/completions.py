@@ -208,7 +208,9 @@ class ChatExchange:
             return await self._answer()
         except BaseException as exc:
             if not self.settled:
-                status = exc.status if isinstance(exc, ProxyError) else 500
+                # 499: the client went away before the answer (nginx's name for it).
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                status = exc.status if isinstance(exc, ProxyError) else 499 if cancelled else 500
                 tenant = self.principal.tenant_id
                 self.services.metrics.requests.labels(tenant, self.model_label, str(status)).inc()
                 self.flight.end()
