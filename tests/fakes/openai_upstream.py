@@ -368,9 +368,10 @@ def chat_reply(body: dict[str, Any]) -> Reply:
                 ]
             )
         )
-    if include_usage:
-        chunks.append(chunk([], usage=usage))
-    chunks.append(b"data: [DONE]\n\n")
+    # Like OpenAI's, the usage chunk follows the last one at once, with `[DONE]`: it costs no
+    # generation time (`chunk_delay`).
+    end = b"data: [DONE]\n\n"
+    chunks.append(chunk([], usage=usage) + end if include_usage else end)
     return Reply(chunks=chunks)
 
 
