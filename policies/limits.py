@@ -36,15 +36,15 @@ class LimitValues(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class WindowUsage:
     """What a tenant used in one window."""
 
     requests: int = 0
     tokens: int = 0
     cost_usd: float = 0.0
 
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
+    def __add__(self, other: WindowUsage) -> WindowUsage:
+        return WindowUsage(
             self.requests + other.requests,
             self.tokens + other.tokens,
             self.cost_usd + other.cost_usd,
@@ -55,7 +55,7 @@ class Usage:
         return self.requests == 0 and self.tokens == 0 and self.cost_usd == 0.0
 
 
-NO_USAGE = Usage()
+NO_USAGE = WindowUsage()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,7 @@ class Denial:
 
 
 def decide(
-    limits: LimitValues, usage: dict[WindowKind, Usage], windows: Windows, now: float
+    limits: LimitValues, usage: dict[WindowKind, WindowUsage], windows: Windows, now: float
 ) -> Denial | None:
     """Allow (None) or deny one more request, given what was used in the current windows."""
     for name in CHECK_ORDER:
@@ -135,20 +135,13 @@ def decide(
         if limit is None:
             continue
         kind = WINDOW_OF[name]
-        window = usage.get(kind, NO_USAGE)
-        used: float = (
-            window.requests
-            if name == "rpm"
-            else window.tokens
-            if name == "tpm"
-            else window.cost_usd
-        )
+        used = used_of(name, usage.get(kind, NO_USAGE))
         if used >= limit:
             return _denial(name, limit, used, retry_after(windows.ends(kind), now))
     return None
 
 
-def used_of(name: LimitName, usage: Usage) -> float:
+def used_of(name: LimitName, usage: WindowUsage) -> float:
     """The amount a limit is compared with: requests, tokens or USD."""
     if name == "rpm":
         return usage.requests

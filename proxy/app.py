@@ -18,6 +18,7 @@ from policies.tokens import warm_up_tokenizers
 from proxy.access import access_hook
 from proxy.auth import KeyRing
 from proxy.catalog import ModelCatalog
+from proxy.charges import MemoryCharges
 from proxy.config import Config
 from proxy.costs import COST_HEADERS, Pricer
 from proxy.deps import provide_principal, provide_services
@@ -85,6 +86,7 @@ def create_app(config: Config) -> Litestar:
         try:
             await sweep_abandoned_exchanges(db)
             await limits.start()  # knows today's spend before the first request
+            pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
             async with new_http_client() as http:
                 state = AppState(
                     config=config,
@@ -94,9 +96,10 @@ def create_app(config: Config) -> Litestar:
                     memory=ConversationMemory(db),
                     deferred=DeferredExchanges(db),
                     catalog=catalog,
-                    pricer=Pricer(price_book(config, catalog)),
-                    metrics=Metrics(),
+                    pricer=pricer,
+                    metrics=metrics,
                     limits=limits,
+                    charges=MemoryCharges(db, pricer, limits, metrics),
                 )
                 state.upstreams = {
                     name: build_upstream(name, upstream, http)

@@ -27,6 +27,8 @@ from storage.errors import StorageError
 log = structlog.get_logger("memproxy.completions")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MODES: tuple[Mode, ...] = ("full", "read", "off")
+# The status a chat completion is counted with when its client left before the answer (nginx's).
+CLIENT_CLOSED = 499
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +102,13 @@ class ChatStreamObserver:
         return b"".join(raw for raw in events if not self._observe(raw))
 
     def flush(self) -> bytes:
+        """A last event the upstream did not end with a blank line is still read (and, if it
+        is the usage chunk the client did not ask for, left out)."""
         rest = self.decoder.pending()
-        return rest if self.drop_usage_chunk else b""
+        usage_only = bool(rest.strip()) and self._observe(rest)
+        if not self.drop_usage_chunk or usage_only:
+            return b""  # (passed on already, byte for byte, or not to be passed on)
+        return rest
 
     def _observe(self, raw: bytes) -> bool:
         """Fold one event into the reply; True if it is the usage-only chunk."""
@@ -200,19 +207,33 @@ class ChatExchange:
         self.sent_messages: list[dict[str, Any]] = body["messages"]
         self.prompt_tokens: int | None = None  # our count of the prompt, when one was needed
         self.overhead_ms: float | None = None
-        self.flight = InFlight(services.metrics.in_flight)
+        self.flight: InFlight | None = None
         self.settled = False
 
     async def answer(self) -> Response[Any]:
+        self.flight = InFlight(self.services.metrics.in_flight)
         try:
             return await self._answer()
+        except asyncio.CancelledError:
+            # The client went away before the answer: the exchange still ends, as incomplete.
+            if not self.settled:
+                outcome = Outcome(
+                    "incomplete",
+                    CLIENT_CLOSED,
+                    error="client disconnected",
+                    latency_ms=(time.perf_counter() - self.info.started) * 1000,
+                    upstream_ms=self.info.upstream_ms,
+                    overhead_ms=self.overhead_ms,
+                    attached=self.attached,
+                )
+                self.services.spawn(self.settle(outcome))
+            raise
         except BaseException as exc:
             if not self.settled:
-                # 499: the client went away before the answer (nginx's name for it).
-                cancelled = isinstance(exc, asyncio.CancelledError)
-                status = exc.status if isinstance(exc, ProxyError) else 499 if cancelled else 500
-                tenant = self.principal.tenant_id
-                self.services.metrics.requests.labels(tenant, self.model_label, str(status)).inc()
+                status = exc.status if isinstance(exc, ProxyError) else 500
+                self.services.metrics.count_request(
+                    self.principal.tenant_id, self.model_label, status
+                )
                 self.flight.end()
             raise
 
@@ -354,7 +375,8 @@ class ChatExchange:
         if self.settled:
             return
         self.settled = True
-        self.flight.end()
+        if self.flight is not None:
+            self.flight.end()
         tenant = self.principal.tenant_id
         self.services.metrics.observe_chat(tenant, self.model_label, outcome)
         if outcome.bill is not None:
@@ -367,18 +389,27 @@ class ChatExchange:
 async def chat_completion(
     request: Request[Any, Any, Any], principal: Principal, services: AppState, body: dict[str, Any]
 ) -> Response[Any]:
-    metrics = services.metrics
+    metrics, tenant = services.metrics, principal.tenant_id
     try:
-        # Limits first: a refused request stores nothing and never reaches the upstream.
+        chat = ChatExchange(request, principal, services, body)  # a bad header costs no rpm
+        # Then the limits: a refused request stores nothing and never reaches the upstream.
         services.limits.admit(principal)
-        chat = ChatExchange(request, principal, services, body)
     except ProxyError as exc:
-        tenant = principal.tenant_id
         if isinstance(exc, RateLimited):
             metrics.rate_limited.labels(tenant, exc.type).inc()
-        metrics.requests.labels(tenant, metrics.model(body["model"]), str(exc.status)).inc()
+        metrics.count_request(tenant, metrics.model(body["model"]), exc.status)
+        _bill_nothing(exc)
         raise
-    return await chat.answer()
+    try:
+        return await chat.answer()
+    except ProxyError as exc:
+        _bill_nothing(exc)
+        raise
+
+
+def _bill_nothing(exc: ProxyError) -> None:
+    """Every chat completion says what it cost: a refused or failed one, nothing."""
+    exc.headers = {**nothing_billed().headers(), **exc.headers}
 
 
 def _reserve(body: dict[str, Any]) -> int:

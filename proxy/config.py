@@ -44,6 +44,9 @@ class ServerConfig(_Strict):
     cors_origins: list[str] = []
     # How often each replica writes its limit counts and reads the shared totals (see limits).
     limits_sync_seconds: float = Field(1.0, gt=0)
+    # When set, GET /metrics wants `Authorization: Bearer <metrics_key>` (it names tenants and
+    # the models their clients ask for); when null it is open, like /healthz.
+    metrics_key: str | None = Field(None, min_length=1)
 
 
 class DatabaseConfig(_Strict):

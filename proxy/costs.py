@@ -28,7 +28,9 @@ COST_HEADERS = (
 @dataclass(slots=True)
 class Bill:
     """Usage and cost of one exchange. `upstream_usd` is None when the model has no price;
-    `final` is False while a stream is still running (the prompt side only)."""
+    `final` is False while a stream is still running (the prompt side only). `memory_usd` is
+    what the proxy's own model calls cost before the headers went out: for the headers only,
+    since each such call is recorded as it happens (proxy/charges.py)."""
 
     usage: Usage
     upstream_usd: Decimal | None

@@ -34,9 +34,9 @@ from policies.limits import (
     WINDOW_OF,
     Denial,
     LimitName,
-    Usage,
     WindowKind,
     Windows,
+    WindowUsage,
     decide,
     used_of,
     windows_at,
@@ -51,7 +51,7 @@ from storage.repositories.system import SystemRepository
 
 log = structlog.get_logger("memproxy.limits")
 
-ONE_REQUEST = Usage(requests=1)
+ONE_REQUEST = WindowUsage(requests=1)
 # Minute counters are only read in their own minute; older ones are deleted now and then.
 PRUNE_EVERY_SECONDS = 600.0
 KEEP_MINUTES_SECONDS = 3600.0
@@ -64,18 +64,18 @@ class _Tally:
     __slots__ = ("flushing", "pending", "shared")
 
     def __init__(self) -> None:
-        self.shared: dict[str, Usage] = {}
-        self.flushing: dict[str, Usage] = {}
-        self.pending: dict[str, Usage] = {}
+        self.shared: dict[str, WindowUsage] = {}
+        self.flushing: dict[str, WindowUsage] = {}
+        self.pending: dict[str, WindowUsage] = {}
 
-    def seen(self, window: str) -> Usage:
+    def seen(self, window: str) -> WindowUsage:
         return (
             self.shared.get(window, NO_USAGE)
             + self.flushing.get(window, NO_USAGE)
             + self.pending.get(window, NO_USAGE)
         )
 
-    def count(self, window: str, usage: Usage) -> None:
+    def count(self, window: str, usage: WindowUsage) -> None:
         self.pending[window] = self.pending.get(window, NO_USAGE) + usage
 
     def keep_unwritten(self) -> None:
@@ -177,7 +177,7 @@ class LimitKeeper:
         kinds = self._needed.get(tenant_id)
         if kinds is None:
             return
-        usage = Usage(tokens=max(0, tokens), cost_usd=float(cost_usd or 0))
+        usage = WindowUsage(tokens=max(0, tokens), cost_usd=float(cost_usd or 0))
         if usage.empty:
             return
         windows, _ = self._now()
@@ -238,7 +238,7 @@ class LimitKeeper:
         for tenant_id, tally in self._tallies.items():
             tally.flushing = {}
             tally.shared = {
-                window: Usage(c.requests, c.tokens, c.cost_usd)
+                window: WindowUsage(c.requests, c.tokens, c.cost_usd)
                 for window, c in totals.get(tenant_id, {}).items()
             }
         self.synced_at = now

@@ -43,7 +43,7 @@ class Metrics:
         )
         self.ttft = Histogram(
             "memproxy_chat_time_to_first_token_seconds",
-            "Streams: time from request to the first chunk relayed.",
+            "Streams: time from request to the first chunk from the upstream.",
             ["tenant", "model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -105,9 +105,13 @@ class Metrics:
             return name
         return OTHER_MODEL
 
+    def count_request(self, tenant: str, model: str, status: int) -> None:
+        """One chat completion answered with `status` (`model` already a label value)."""
+        self.requests.labels(tenant, model, str(status)).inc()
+
     def observe_chat(self, tenant: str, model: str, outcome: Outcome) -> None:
         """Count one settled chat completion (`model` already a label value)."""
-        self.requests.labels(tenant, model, str(outcome.http_status or 500)).inc()
+        self.count_request(tenant, model, outcome.http_status or 500)
         if outcome.latency_ms is not None:
             self.latency.labels(tenant, model).observe(outcome.latency_ms / 1000)
         if outcome.ttft_ms is not None:

@@ -14,15 +14,22 @@ DONE = b"data: [DONE]"
 
 
 class SSEDecoder:
-    """Incremental SSE event splitter (events end with a blank line; CRLF tolerated)."""
+    """Incremental SSE event splitter. Events end with a blank line; lines end with LF, CRLF or
+    a lone CR (all read as LF), also when a CRLF is cut in two by the network."""
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._cr = False  # the last read ended with CR: a LF starting the next one belongs to it
 
     def split(self, chunk: bytes) -> list[bytes]:
         """Every event completed by `chunk`, raw, each with its closing blank line; a partial
         event stays buffered until the chunk that completes it."""
-        self._buffer += chunk.replace(b"\r\n", b"\n")
+        if self._cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._cr = chunk.endswith(b"\r")
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        self._buffer += chunk
         events: list[bytes] = []
         start = 0
         while (end := self._buffer.find(b"\n\n", start)) >= 0:
@@ -78,7 +85,7 @@ class ReplyAssembler:
         self.chunks += 1
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
-            if event.get("choices") == []:
+            if not event.get("choices"):  # [], null or absent: nothing but the usage
                 return True
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:

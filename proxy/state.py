@@ -11,6 +11,7 @@ import httpx
 
 from proxy.auth import KeyRing, Principal
 from proxy.catalog import ModelCatalog
+from proxy.charges import MemoryCharges
 from proxy.config import Config, UpstreamConfig
 from proxy.costs import Pricer
 from proxy.exchange_batch import DeferredExchanges
@@ -36,6 +37,7 @@ class AppState:
     pricer: Pricer
     metrics: Metrics
     limits: LimitKeeper
+    charges: MemoryCharges
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 

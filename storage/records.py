@@ -126,5 +126,5 @@ class UsageTotals:
     completion_tokens: int
     cost_upstream_usd: float
     cost_memory_usd: float
-    # Finished exchanges whose model has no price: their upstream cost is not in the sum.
+    # Exchanges with usage but no price: their upstream cost is not in the sum.
     unpriced_requests: int

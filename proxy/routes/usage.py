@@ -70,7 +70,8 @@ def exchange_object(x: ExchangeRecord) -> dict[str, Any]:
             "reported": None if x.usage_estimated else x.usage,
         },
         "cost": {
-            "priced": upstream is not None,
+            # None while nothing is known yet (in progress, or ended before any usage).
+            "priced": None if x.prompt_tokens is None else upstream is not None,
             "usd": None if upstream is None else _usd(upstream + x.cost_memory_usd),
             "upstream_usd": _usd(upstream),
             "memory_usd": _usd(x.cost_memory_usd),

@@ -120,7 +120,8 @@ class Exchanges:
         """Totals of the tenant's exchanges started in [start, end), per group when asked,
         largest spend first."""
         key = self._group_key(group_by)
-        finished_unpriced = and_(E.c.status != "in_progress", E.c.cost_upstream_usd.is_(None))
+        # Usage known, price not: a model with no price (not a call still running).
+        finished_unpriced = and_(E.c.prompt_tokens.is_not(None), E.c.cost_upstream_usd.is_(None))
         upstream = func.coalesce(func.sum(E.c.cost_upstream_usd), 0.0)
         memory = func.coalesce(func.sum(E.c.cost_memory_usd), 0.0)
         query = select(

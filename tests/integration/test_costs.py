@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -17,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import Config, PriceConfig, ServerConfig, UpstreamConfig
+from proxy.config import Config, Limits, PriceConfig, ServerConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, sse
 
@@ -180,15 +179,38 @@ async def test_usage_missing_from_the_upstream_is_counted_and_marked_estimated(
     fake.script.append(completion(None))
     raw = await client.chat.completions.with_raw_response.create(model=PRICED, messages=HELLO)
     assert raw.headers["x-usage-estimated"] == "true"
-    prompt = int(raw.headers["x-usage-prompt-tokens"])
-    completion_tokens = int(raw.headers["x-usage-completion-tokens"])
-    # "hello" is one token plus the chat format's framing; "hi there" is two tokens.
-    assert 1 < prompt < 20
-    assert completion_tokens == 2
-    expected = Decimal(prompt) * Decimal("0.0000005") + Decimal(2) * Decimal("0.0000015")
-    assert Decimal(raw.headers["x-cost-usd"]) == expected
+    # "hello" is one token, plus 3 for the message and 3 for the reply's priming (the chat
+    # format's framing); "hi there" is two tokens.
+    assert raw.headers["x-usage-prompt-tokens"] == "7"
+    assert raw.headers["x-usage-completion-tokens"] == "2"
+    # 7 x 0.50/M + 2 x 1.50/M
+    assert raw.headers["x-cost-usd"] == "0.0000065"
     record = await exchange(manage, raw.headers["x-request-id"])
     assert record["usage"]["estimated"] is True
+
+
+async def test_an_unreachable_upstream_and_a_refused_call_say_they_cost_nothing(
+    serve_proxy: ServeProxy,
+) -> None:
+    config = priced_config("http://127.0.0.1:9/v1")  # nothing listens on the discard port
+    config = config.model_copy(
+        update={
+            "tenants": {
+                **config.tenants,
+                "t1": config.tenants["t1"].model_copy(update={"limits": Limits(rpm=1)}),
+            }
+        }
+    )
+    base_url = serve_proxy(config)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0) as client:
+        with pytest.raises(openai.APIStatusError) as unreachable:
+            await client.chat.completions.create(model=PRICED, messages=HELLO)
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.chat.completions.create(model=PRICED, messages=HELLO)
+    for caught, status in ((unreachable, 502), (refused, 429)):
+        assert caught.value.status_code == status
+        headers = caught.value.response.headers
+        assert (headers["x-cost-usd"], headers["x-usage-prompt-tokens"]) == ("0", "0")
 
 
 async def test_an_upstream_error_is_billed_nothing(
@@ -232,8 +254,9 @@ async def test_a_stream_carries_the_prompt_side_and_its_record_the_final_usage(
         chunks = [chunk async for chunk in await response.parse()]
     assert headers["x-cost-final"] == "false"
     assert headers["x-usage-completion-tokens"] == "0"
-    prompt = int(headers["x-usage-prompt-tokens"])  # counted by the proxy: "hello" + framing
-    assert Decimal(headers["x-cost-usd"]) == Decimal(prompt) * Decimal("0.0000005")
+    # Counted by the proxy: "hello" (1 token) and the chat format's framing (6); 7 x 0.50/M.
+    assert headers["x-usage-prompt-tokens"] == "7"
+    assert headers["x-cost-usd"] == "0.0000035"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "hi there"
 
     record = await exchange(manage, headers["x-request-id"])
@@ -435,9 +458,12 @@ async def test_metrics_count_requests_tokens_and_cost(
     chat = {"tenant": "t1", "model": PRICED}
     assert value("memproxy_chat_requests_total", **chat, status="200") == 2
     assert value("memproxy_chat_requests_total", **chat, status="429") == 1
-    assert value("memproxy_tokens_total", **chat, kind="completion") >= 100
-    # 1000 x 0.50/M + 100 x 1.50/M from the first call, plus the stream's.
-    assert value("memproxy_cost_usd_total", **chat, part="upstream") > 0.00065
+    # The fake's stream reports 4 prompt tokens ("hello" + 3) and 4 completion tokens
+    # ("fake reply to: hello"); the 429 reply used none.
+    assert value("memproxy_tokens_total", **chat, kind="prompt") == 1004
+    assert value("memproxy_tokens_total", **chat, kind="completion") == 104
+    # 1000 x 0.50/M + 100 x 1.50/M, and 4 x 0.50/M + 4 x 1.50/M
+    assert value("memproxy_cost_usd_total", **chat, part="upstream") == pytest.approx(0.000658)
     assert value("memproxy_chat_time_to_first_token_seconds_count", **chat) == 1
     assert value("memproxy_chat_latency_seconds_count", **chat) == 3
     assert value("memproxy_overhead_seconds_count", tenant="t1") == 3
@@ -459,3 +485,18 @@ async def test_cost_headers_are_exposed_to_browsers(
     for name in ("x-cost-usd", "x-cost-final", "x-usage-prompt-tokens", "x-memory-status"):
         assert name in exposed
     assert json.loads(response.text)["object"] == "chat.completion"
+
+
+async def test_metrics_can_ask_for_a_key_of_their_own(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> None:
+    base_url = serve_proxy(priced_config(fake_upstream[1], metrics_key="scrape-me"))
+    metrics_url = base_url.removesuffix("/v1") + "/metrics"
+    async with httpx.AsyncClient() as http:
+        for headers in ({}, {"authorization": f"Bearer {KEY}"}):
+            refused = await http.get(metrics_url, headers=headers)
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+        allowed = await http.get(metrics_url, headers={"authorization": "Bearer scrape-me"})
+    assert allowed.status_code == 200
+    assert "memproxy_chat_in_flight" in allowed.text

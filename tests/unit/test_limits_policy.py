@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from policies.limits import (
-    Usage,
     WindowKind,
+    WindowUsage,
     decide,
     format_wait,
     retry_after,
@@ -95,17 +95,17 @@ NOW = ts("2026-11-22T02:08:48")  # 12 s before the minute ends
 WINDOWS = windows_at(NOW)
 
 
-def usage(**by_kind: Usage) -> dict[WindowKind, Usage]:
+def usage(**by_kind: WindowUsage) -> dict[WindowKind, WindowUsage]:
     return by_kind  # type: ignore[return-value]
 
 
 def test_no_limits_always_allow() -> None:
-    assert decide(L(), usage(minute=Usage(10**9, 10**9, 1e9)), WINDOWS, NOW) is None
+    assert decide(L(), usage(minute=WindowUsage(10**9, 10**9, 1e9)), WINDOWS, NOW) is None
 
 
 def test_rpm_allows_below_the_limit_and_denies_at_it() -> None:
-    assert decide(L(rpm=10), usage(minute=Usage(requests=9)), WINDOWS, NOW) is None
-    denial = decide(L(rpm=10), usage(minute=Usage(requests=10)), WINDOWS, NOW)
+    assert decide(L(rpm=10), usage(minute=WindowUsage(requests=9)), WINDOWS, NOW) is None
+    denial = decide(L(rpm=10), usage(minute=WindowUsage(requests=10)), WINDOWS, NOW)
     assert denial is not None
     assert (denial.limit, denial.type, denial.code, denial.retry_after) == (
         "rpm",
@@ -120,8 +120,11 @@ def test_rpm_allows_below_the_limit_and_denies_at_it() -> None:
 
 
 def test_tpm_denies_once_the_tokens_reach_the_limit() -> None:
-    assert decide(L(tpm=1000), usage(minute=Usage(requests=50, tokens=999)), WINDOWS, NOW) is None
-    denial = decide(L(tpm=1000), usage(minute=Usage(requests=1, tokens=1200)), WINDOWS, NOW)
+    assert (
+        decide(L(tpm=1000), usage(minute=WindowUsage(requests=50, tokens=999)), WINDOWS, NOW)
+        is None
+    )
+    denial = decide(L(tpm=1000), usage(minute=WindowUsage(requests=1, tokens=1200)), WINDOWS, NOW)
     assert denial is not None
     assert (denial.limit, denial.type, denial.code, denial.used) == (
         "tpm",
@@ -137,8 +140,8 @@ def test_tpm_denies_once_the_tokens_reach_the_limit() -> None:
 
 def test_daily_budget_is_insufficient_quota_until_utc_midnight() -> None:
     limits = L(budget_usd_day=5.0)
-    assert decide(limits, usage(day=Usage(cost_usd=4.9999)), WINDOWS, NOW) is None
-    denial = decide(limits, usage(day=Usage(cost_usd=5.0)), WINDOWS, NOW)
+    assert decide(limits, usage(day=WindowUsage(cost_usd=4.9999)), WINDOWS, NOW) is None
+    denial = decide(limits, usage(day=WindowUsage(cost_usd=5.0)), WINDOWS, NOW)
     assert denial is not None
     assert (denial.type, denial.code) == ("insufficient_quota", "insufficient_quota")
     assert denial.retry_after == int(ts("2026-11-23T00:00:00") - NOW)  # 21h51m12s
@@ -149,7 +152,9 @@ def test_daily_budget_is_insufficient_quota_until_utc_midnight() -> None:
 
 
 def test_monthly_budget_waits_for_the_first_of_next_month() -> None:
-    denial = decide(L(budget_usd_month=100.0), usage(month=Usage(cost_usd=100.5)), WINDOWS, NOW)
+    denial = decide(
+        L(budget_usd_month=100.0), usage(month=WindowUsage(cost_usd=100.5)), WINDOWS, NOW
+    )
     assert denial is not None
     assert denial.limit == "budget_usd_month"
     assert denial.retry_after == int(ts("2026-12-01T00:00:00") - NOW)
@@ -163,7 +168,9 @@ def test_a_zero_budget_refuses_everything() -> None:
 
 def test_the_limit_whose_window_ends_last_is_reported() -> None:
     everything = usage(
-        minute=Usage(10, 10_000, 0.0), day=Usage(cost_usd=9.0), month=Usage(cost_usd=9.0)
+        minute=WindowUsage(10, 10_000, 0.0),
+        day=WindowUsage(cost_usd=9.0),
+        month=WindowUsage(cost_usd=9.0),
     )
     limits = L(rpm=10, tpm=100, budget_usd_day=1.0, budget_usd_month=5.0)
     denial = decide(limits, everything, WINDOWS, NOW)
@@ -176,7 +183,7 @@ def test_the_limit_whose_window_ends_last_is_reported() -> None:
 
 def test_usage_of_other_windows_does_not_count() -> None:
     # Requests counted in the day window say nothing about this minute.
-    assert decide(L(rpm=1), usage(day=Usage(requests=5)), WINDOWS, NOW) is None
+    assert decide(L(rpm=1), usage(day=WindowUsage(requests=5)), WINDOWS, NOW) is None
 
 
 @pytest.mark.parametrize(
@@ -198,5 +205,5 @@ def test_waits_are_written_like_openai(seconds: int, text: str) -> None:
 
 
 def test_usage_adds_up() -> None:
-    assert Usage(1, 2, 0.5) + Usage(3, 4, 0.25) == Usage(4, 6, 0.75)
-    assert Usage().empty and not Usage(tokens=1).empty
+    assert WindowUsage(1, 2, 0.5) + WindowUsage(3, 4, 0.25) == WindowUsage(4, 6, 0.75)
+    assert WindowUsage().empty and not WindowUsage(tokens=1).empty

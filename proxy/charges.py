@@ -1,0 +1,54 @@
+"""The proxy's own model calls (intent, memory extraction, summaries), charged to the exchange
+that caused them when they happen, also long after its response: the exchange record (a part
+in `cost_parts`, added to `cost_memory_usd`), the tenant's budgets and the metrics.
+
+This is the only way a memory cost reaches the record. A cost incurred before a response's
+headers went out is also in that response's `x-cost-memory-usd` (`Bill.memory_usd`), which is
+not written again.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from policies.pricing import Usage
+from proxy.costs import Pricer
+from proxy.limits import LimitKeeper
+from proxy.metrics import Metrics
+from storage.database import Database
+from storage.repositories.exchanges import Exchanges
+
+
+class MemoryCharges:
+    def __init__(self, db: Database, pricer: Pricer, limits: LimitKeeper, metrics: Metrics) -> None:
+        self.db, self.pricer, self.limits, self.metrics = db, pricer, limits, metrics
+
+    async def charge(
+        self, tenant_id: str, request_id: str, *, kind: str, model: str, usage: Usage
+    ) -> Decimal | None:
+        """Charge one call of `model` (`kind`: intent, extraction, summary...) to the exchange;
+        its cost, or None when the model has no price (then it is listed, not added up)."""
+        usd = self.pricer.prices.cost(model, usage)
+        part = {
+            "kind": kind,
+            "model": model,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "estimated": usage.estimated,
+            "cost_usd": None if usd is None else float(usd),
+            "at": datetime.now(UTC).isoformat(),
+        }
+        amount = None if usd is None else float(usd)
+        await self.db.write(
+            lambda conn: Exchanges(conn).add_cost(tenant_id, request_id, part, amount)
+        )
+        self.limits.spend(tenant_id, usage.total_tokens, usd)
+        label = self.metrics.model(model)
+        self.metrics.tokens.labels(tenant_id, label, "prompt").inc(usage.prompt_tokens)
+        self.metrics.tokens.labels(tenant_id, label, "completion").inc(usage.completion_tokens)
+        if usd is None:
+            self.metrics.unpriced.labels(tenant_id, label).inc()
+        else:
+            self.metrics.cost.labels(tenant_id, label, "memory").inc(float(usd))
+        return usd

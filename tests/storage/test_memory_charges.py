@@ -1,0 +1,81 @@
+"""The proxy's own model calls charged to an exchange after the fact (proxy/charges.py): the
+record, the tenant's budget counters and the metrics, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.pricing import Price, PriceBook, Usage
+from proxy.charges import MemoryCharges
+from proxy.config import Config, Limits, TenantConfig
+from proxy.costs import Pricer
+from proxy.limits import LimitKeeper
+from proxy.metrics import Metrics
+from storage.database import Database
+from storage.records import NewExchange
+from storage.repositories.exchanges import Exchanges
+
+# $1 per million input tokens, $2 per million output tokens.
+PRICES = {"helper-model": Price.per_million(1.0, 2.0, None)}
+CONFIG = Config(tenants={"t1": TenantConfig(api_keys=["k"], limits=Limits(budget_usd_day=1.0))})
+
+
+@pytest.fixture
+async def charges(db: Database) -> MemoryCharges:
+    pricer = Pricer(PriceBook(PRICES, lambda model: None))
+    exchange = NewExchange(
+        request_id="req_1",
+        tenant_id="t1",
+        user_id="alice",
+        model="main-model",
+        upstream="echo",
+        mode="full",
+        stream=False,
+        started_at=datetime.now(UTC),
+    )
+    await db.write(lambda conn: Exchanges(conn).start(exchange))
+    return MemoryCharges(db, pricer, LimitKeeper(db, CONFIG), Metrics())
+
+
+async def test_a_charge_lands_in_the_record_the_budget_and_the_metrics(
+    db: Database, charges: MemoryCharges
+) -> None:
+    usd = await charges.charge(
+        "t1", "req_1", kind="intent", model="helper-model", usage=Usage(1000, 500)
+    )
+    # 1000 x 1/M + 500 x 2/M
+    assert usd == Decimal("0.002")
+    record = await db.read(lambda conn: Exchanges(conn).get("t1", "req_1"))
+    assert record is not None
+    assert record.cost_memory_usd == 0.002
+    (part,) = record.cost_parts
+    assert (part["kind"], part["model"], part["cost_usd"]) == ("intent", "helper-model", 0.002)
+    (budget,) = charges.limits.view("t1").usage
+    assert (budget.limit, budget.used) == ("budget_usd_day", 0.002)
+    text = charges.metrics.exposition().decode()
+    costs = {
+        s.labels["part"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "memproxy_cost_usd_total"
+    }
+    assert costs == {"memory": 0.002}
+
+
+async def test_an_unpriced_call_is_listed_but_adds_no_cost(
+    db: Database, charges: MemoryCharges
+) -> None:
+    usd = await charges.charge(
+        "t1", "req_1", kind="summary", model="mystery-model", usage=Usage(10, 10)
+    )
+    assert usd is None
+    record = await db.read(lambda conn: Exchanges(conn).get("t1", "req_1"))
+    assert record is not None
+    assert record.cost_memory_usd == 0
+    assert record.cost_parts[0]["cost_usd"] is None
+    (budget,) = charges.limits.view("t1").usage
+    assert budget.used == 0

@@ -1,0 +1,113 @@
+"""Watching a relayed stream: the reply and usage are read whatever the network does to the
+bytes, and the usage-only chunk is left out for a client that did not ask for it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from proxy.completions import ChatStreamObserver
+from proxy.sse import SSEDecoder
+
+USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+@dataclass
+class Chat:
+    """The one thing the observer reads of its exchange while feeding."""
+
+    request_id: str = "req_test"
+
+
+def event(payload: Any, newline: bytes = b"\n") -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return b"data: " + data.encode() + newline + newline
+
+
+def chunk(choices: list[Any], **extra: Any) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion.chunk", "choices": choices, **extra}
+
+
+def stream(newline: bytes = b"\n", usage_chunk: dict[str, Any] | None = None) -> bytes:
+    parts = [
+        chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+        chunk([{"index": 0, "delta": {"content": "hi"}}]),
+        chunk([{"index": 0, "delta": {"content": " there"}, "finish_reason": "stop"}]),
+        usage_chunk or chunk([], usage=USAGE),
+    ]
+    return b"".join(event(p, newline) for p in parts) + event("[DONE]", newline)
+
+
+def observe(pieces: list[bytes], *, drop: bool) -> tuple[ChatStreamObserver, bytes]:
+    observer = ChatStreamObserver(Chat(), drop_usage_chunk=drop)  # type: ignore[arg-type]
+    out = b"".join(observer.feed(p) for p in pieces) + observer.flush()
+    return observer, out
+
+
+def client_events(out: bytes) -> list[bytes]:
+    decoder = SSEDecoder()
+    return decoder.feed(out) + ([decoder.pending()] if decoder.pending() else [])
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_every_cut_of_the_stream_reads_the_same_reply_and_drops_the_usage_chunk(
+    newline: bytes,
+) -> None:
+    whole = stream(newline)
+    for cut in range(1, len(whole)):
+        observer, out = observe([whole[:cut], whole[cut:]], drop=True)
+        assert observer.reply.message()["content"] == "hi there", cut
+        assert observer.reply.usage == USAGE, cut
+        assert observer.reply.done, cut
+        payloads = client_events(out)
+        assert len(payloads) == 4, cut  # three chunks and [DONE], no usage chunk
+        assert all(b'"usage"' not in p for p in payloads), cut
+
+
+def test_a_client_that_asked_for_usage_gets_the_bytes_unchanged() -> None:
+    whole = stream(b"\r\n")
+    pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
+    observer, out = observe(pieces, drop=False)
+    assert out == whole
+    assert observer.reply.usage == USAGE
+
+
+@pytest.mark.parametrize(
+    "usage_chunk",
+    [
+        {"id": "c1", "object": "chat.completion.chunk", "usage": USAGE},
+        {"id": "c1", "object": "chat.completion.chunk", "choices": None, "usage": USAGE},
+    ],
+)
+def test_a_usage_chunk_without_choices_is_dropped_too(usage_chunk: dict[str, Any]) -> None:
+    observer, out = observe([stream(usage_chunk=usage_chunk)], drop=True)
+    assert b'"usage"' not in out
+    assert observer.reply.usage == USAGE
+
+
+def test_a_usage_chunk_with_choices_is_not_the_usage_only_chunk() -> None:
+    # Some servers put usage on the last content chunk: it carries content, so it stays.
+    last = chunk([{"index": 0, "delta": {"content": "!"}}], usage=USAGE)
+    observer, out = observe([stream(usage_chunk=last)], drop=True)
+    assert b'"usage"' in out
+    assert observer.reply.message()["content"] == "hi there!"
+
+
+def test_a_last_event_without_its_blank_line_is_still_read() -> None:
+    body = stream().removesuffix(event("[DONE]"))  # ends with the usage chunk...
+    body = body.removesuffix(b"\n\n")  # ...cut short of its blank line
+    observer, out = observe([body], drop=True)
+    assert observer.reply.usage == USAGE
+    assert b'"usage"' not in out
+    kept, seen = observe([body], drop=False)
+    assert seen == body and kept.reply.usage == USAGE
+
+
+def test_a_chunk_that_breaks_reassembly_still_reaches_the_client() -> None:
+    bad = event(chunk([{"index": 0, "delta": {"tool_calls": [{"index": "x"}]}}]))
+    observer, out = observe([bad + stream()], drop=True)
+    assert observer.broken
+    assert out.startswith(bad)
