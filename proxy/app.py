@@ -24,6 +24,7 @@ from proxy.costs import COST_HEADERS, Pricer
 from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.exchange_batch import DeferredExchanges
+from proxy.intent import IntentClassifiers
 from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory, now
 from proxy.metrics import Metrics
@@ -48,6 +49,7 @@ EXPOSED_HEADERS = [
     "x-memory-memories",
     "x-memory-attachments",
     "x-memory-status",
+    "x-memory-intent",
     *COST_HEADERS,
 ]
 
@@ -88,6 +90,10 @@ def create_app(config: Config) -> Litestar:
             await limits.start()  # knows today's spend before the first request
             pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
             async with new_http_client() as http:
+                upstreams = {
+                    name: build_upstream(name, upstream, http)
+                    for name, upstream in config.upstreams.items()
+                }
                 state = AppState(
                     config=config,
                     keys=KeyRing(config),
@@ -100,11 +106,9 @@ def create_app(config: Config) -> Litestar:
                     metrics=metrics,
                     limits=limits,
                     charges=MemoryCharges(db, pricer, limits, metrics),
+                    intents=IntentClassifiers(config, upstreams, metrics),
+                    upstreams=upstreams,
                 )
-                state.upstreams = {
-                    name: build_upstream(name, upstream, http)
-                    for name, upstream in config.upstreams.items()
-                }
                 for upstream in state.upstreams.values():
                     if isinstance(upstream, LiteLLMUpstream):
                         await upstream.load()  # seconds: now rather than on a first request

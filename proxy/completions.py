@@ -6,23 +6,31 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
+from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import structlog
 from litestar import Request, Response
+from sqlalchemy import Connection
 
 from policies.context import Assembly, Budget, assemble
+from policies.intent import Intent
+from policies.pricing import ZERO
 from policies.tokens import count_messages, upper_bound_tokens
 from proxy.access import request_info
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
 from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
+from proxy.intent import LLMIntent
 from proxy.memory import ANONYMOUS, Mode, Outcome, Turn
 from proxy.metrics import InFlight
 from proxy.relay import to_response
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
 from storage.errors import StorageError
+from storage.repositories.conversations import Conversations
+from storage.repositories.exchanges import Exchanges
 
 log = structlog.get_logger("memproxy.completions")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -209,6 +217,9 @@ class ChatExchange:
         self.overhead_ms: float | None = None
         self.flight: InFlight | None = None
         self.settled = False
+        self.intent: Intent | None = None
+        self.llm_intent: asyncio.Task[LLMIntent] | None = None
+        self.attached_by_policy: dict[str, Any] | None = None
 
     async def answer(self) -> Response[Any]:
         self.flight = InFlight(self.services.metrics.in_flight)
@@ -275,17 +286,26 @@ class ChatExchange:
         headers = memory_headers(self.turn, self.assembly, self.degraded)
         if reply.chunks is not None:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
-            prompt_side = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
-            headers.update(prompt_side.headers())
+            bill = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
             observer = ChatStreamObserver(self, drop_usage_chunk=drop_usage_chunk)
-            return to_response(self.request, reply, headers=headers, observer=observer)
-        if counting is not None:
-            counting.cancel()
-        outcome = await self._whole_outcome(reply.status, reply.body or b"", forwarded)
-        assert outcome.bill is not None
-        headers.update(outcome.bill.headers())
-        await self.settle(outcome)
-        return to_response(self.request, reply, headers=headers)
+            response = to_response(self.request, reply, headers=headers, observer=observer)
+        else:
+            if counting is not None:
+                counting.cancel()
+            if self.llm_intent is not None:
+                # A whole reply waits for the LLM's intent, up to its timeout (it started
+                # before the upstream call, so usually it is there already).
+                await asyncio.wait([self.llm_intent])
+            outcome = await self._whole_outcome(reply.status, reply.body or b"", forwarded)
+            assert outcome.bill is not None
+            bill = outcome.bill
+            await self.settle(outcome)
+            response = to_response(self.request, reply, headers=headers)
+        intent, bill.memory_usd = self._intent_now()
+        response.headers.update(bill.headers())
+        if intent is not None:
+            response.headers["x-memory-intent"] = intent.header()
+        return response
 
     async def _remember(self) -> None:
         """Store the turn (per the memory mode) and attach the history the client did not send."""
@@ -293,6 +313,7 @@ class ChatExchange:
         messages = self.sent_messages
         try:
             self.turn = await self.services.memory.begin(
+                intent_of=partial(self.services.intents.keyword, self.principal.tenant_id),
                 request_id=self.request_id,
                 tenant_id=self.principal.tenant_id,
                 user_id=self.ext.user_id,
@@ -311,7 +332,7 @@ class ChatExchange:
             self.degraded = True
             self.services.metrics.degraded.labels(self.principal.tenant_id).inc()
             log.warning("memory_degraded", request_id=self.request_id, error=str(exc))
-        if self.turn is not None and self.turn.history:
+        if await self._classify() and self.turn is not None and self.turn.history:
             ctx = tenant.context
             window = self.services.context_window(self.model)
             budget = Budget(
@@ -333,6 +354,47 @@ class ChatExchange:
             "context_tokens": assembly.context_tokens if assembly else 0,
             "dropped_for_window": assembly.dropped_for_window if assembly else 0,
         }
+        if self.attached_by_policy is not None:
+            self.attached["intent_policy"] = self.attached_by_policy
+
+    async def _classify(self) -> bool:
+        """The turn's intent: the keyword one (from begin(), where the history is known), and
+        the LLM classifier started alongside; False if the tenant's policy for the label
+        says to attach no stored context."""
+        intents, tenant_id = self.services.intents, self.principal.tenant_id
+        history = [t.message for t in self.turn.history] if self.turn else []
+        if self.turn is not None:
+            self.intent = self.turn.intent
+        else:  # storage failed: the request's own messages are all there is
+            self.intent = intents.keyword(tenant_id, self.sent_messages)
+        settings = self.principal.tenant.intent
+        if self.intent is not None and intents.uses_llm(tenant_id):
+            self.llm_intent = self.services.spawn(
+                intents.llm(tenant_id, history + self.sent_messages)
+            )
+            if settings.wait_for_llm:
+                # Bounded by the classifier's own timeout; shielded so a client leaving does
+                # not cancel what the record still wants.
+                self.intent = (await asyncio.shield(self.llm_intent)).intent or self.intent
+        policy = settings.policies.get(self.intent.label) if self.intent else None
+        if self.intent is not None and policy is not None and not policy.memory:
+            self.attached_by_policy = {"label": self.intent.label, "memory": False}
+            return False
+        return True
+
+    def _intent_now(self) -> tuple[Intent | None, Decimal]:
+        """The intent for the headers (the LLM's if it has answered) and what the LLM call
+        cost so far."""
+        task = self.llm_intent
+        if task is None or not task.done() or task.cancelled():
+            return self.intent, ZERO
+        result: LLMIntent = task.result()
+        cost = (
+            None
+            if result.usage is None
+            else self.services.pricer.prices.cost(result.model, result.usage)
+        )
+        return result.intent or self.intent, cost or ZERO
 
     def _ask_for_usage(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Ask the upstream for the usage chunk; True if the client did not ask for it."""
@@ -380,10 +442,41 @@ class ChatExchange:
         tenant = self.principal.tenant_id
         self.services.metrics.observe_chat(tenant, self.model_label, outcome)
         if outcome.bill is not None:
+            # The upstream call only: the proxy's own calls are counted as they are charged.
             usage = outcome.bill.usage
-            self.services.limits.spend(tenant, usage.total_tokens, outcome.bill.total_usd)
+            self.services.limits.spend(tenant, usage.total_tokens, outcome.bill.upstream_usd)
         if self.turn is not None:
             await record(self.services, self.turn, outcome)
+        if self.llm_intent is not None:
+            self.services.spawn(self._record_llm_intent(self.llm_intent))
+
+    async def _record_llm_intent(self, task: asyncio.Task[LLMIntent]) -> None:
+        """When the LLM's intent arrives (maybe after the response), it replaces the keyword
+        one in the records, and its cost is charged to the exchange."""
+        result = await task
+        turn, tenant = self.turn, self.principal.tenant_id
+        if turn is None:
+            return  # storage was down for this exchange: nothing to update
+        try:
+            if turn.pending is not None:
+                await self.services.deferred.settle()  # its record is written in a batch
+            if result.intent is not None:
+                intent = result.intent
+                await self.services.db.write(
+                    lambda conn: _store_intent(conn, tenant, turn.request_id, intent)
+                )
+            if result.usage is not None:
+                await self.services.charges.charge(
+                    tenant, turn.request_id, kind="intent", model=result.model, usage=result.usage
+                )
+        except StorageError as exc:
+            log.error("intent_not_recorded", request_id=turn.request_id, error=str(exc))
+
+
+def _store_intent(conn: Connection, tenant_id: str, request_id: str, intent: Intent) -> None:
+    detail = intent.as_dict()
+    Exchanges(conn).set_intent(tenant_id, request_id, intent.label, detail)
+    Conversations(conn).set_turn_meta(tenant_id, request_id, "intent", detail)
 
 
 async def chat_completion(

@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from policies.intent import DEFAULT_LABELS, OTHER
 
 Scope = Literal["chat", "manage"]
 ALL_SCOPES: frozenset[Scope] = frozenset({"chat", "manage"})
@@ -89,10 +99,55 @@ class ContextSettings(_Strict):
     placement: Literal["before_last_user", "after_system"] = "before_last_user"
 
 
+class IntentLabel(_Strict):
+    """One intent label: what it means (the LLM classifier reads it) and the keyword
+    classifier's cues: keywords or phrases (whole words, any case) and regular expressions
+    (matched against the lower-cased turn)."""
+
+    description: str = Field(min_length=1)
+    keywords: list[str] = []
+    patterns: list[str] = []
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
+        return patterns
+
+
+class IntentPolicy(_Strict):
+    """What a label changes about the context: `memory: false` attaches no stored context."""
+
+    memory: bool = True
+
+
 class IntentSettings(_Strict):
     mode: Annotated[Literal["off", "keyword", "llm"], Off] = "keyword"
     model: str = "gpt-4o-mini"
     timeout_ms: int = Field(800, gt=0)
+    # The upstream the LLM classifier calls; the tenant's own when null.
+    upstream: str | None = None
+    # The labels; null means the default set (question, task, follow_up, feedback,
+    # chitchat, other). `other` is always there.
+    labels: dict[str, IntentLabel] | None = None
+    # Per label, e.g. {chitchat: {memory: false}}.
+    policies: dict[str, IntentPolicy] = {}
+    # Act on the LLM's label rather than the keyword one, waiting for it up to timeout_ms.
+    wait_for_llm: bool = False
+    # Earlier messages the classifiers see.
+    history_messages: int = Field(6, ge=0, le=50)
+
+    @model_validator(mode="after")
+    def _policies_name_labels(self) -> IntentSettings:
+        known = set(DEFAULT_LABELS if self.labels is None else self.labels) | {OTHER}
+        for label in self.policies:
+            if label not in known:
+                raise ValueError(f"policies.{label}: not one of the labels ({sorted(known)})")
+        return self
 
 
 class MemorySettings(_Strict):
@@ -182,6 +237,14 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     upstreams = dict(_mapping(raw.get("upstreams") or {}, "upstreams"))
     upstreams.setdefault("echo", {"kind": "echo"})
     used = {str(t.get("upstream", "echo")) for t in merged.values()}
+    for name, tenant in merged.items():
+        intent = tenant.get("intent")
+        if isinstance(intent, dict) and intent.get("upstream"):
+            if str(intent["upstream"]) not in upstreams:
+                raise ConfigError(
+                    f"tenants.{name}.intent.upstream: no upstream named {intent['upstream']!r}"
+                )
+            used.add(str(intent["upstream"]))
     for name in used:
         if name not in upstreams:
             where = next(n for n, t in merged.items() if str(t.get("upstream", "echo")) == name)

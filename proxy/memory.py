@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -27,6 +28,7 @@ from policies.identity import (
     rewind,
     split_request,
 )
+from policies.intent import Intent
 from policies.tokens import count_message, message_text
 from proxy.config import ContextSettings
 from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
@@ -39,6 +41,8 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 
 Mode = Literal["full", "read", "off"]
+# The intent of a request's newest user turn, given the messages up to it.
+IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
 ANONYMOUS = "anonymous"
 # Stored messages read beyond the history window, so a tool call's replies are not cut off.
 TAIL_SLACK = 8
@@ -66,6 +70,8 @@ class Turn:
     store_reply: bool = False
     # An exchange not yet written (mode off): `finish()` records it whole.
     pending: NewExchange | None = None
+    # The keyword intent of the newest user turn, once the history it may refer to is known.
+    intent: Intent | None = None
 
     @property
     def conversation_id(self) -> str | None:
@@ -134,9 +140,11 @@ def _new_messages(
     hashes: list[str],
     count: TokenCounter,
     exchange_id: str | None = None,
+    intent: Intent | None = None,
 ) -> list[NewMessage]:
-    """Rows for complete messages; `created_at` (imports) is honoured when present."""
-    return [
+    """Rows for complete messages; `created_at` (imports) is honoured when present; the
+    intent goes into the metadata of the last user message."""
+    rows = [
         NewMessage(
             role=str(m["role"]),
             content=m.get("content"),
@@ -152,6 +160,26 @@ def _new_messages(
         )
         for m, h in zip(messages, hashes, strict=True)
     ]
+    if intent is not None:
+        last_user = next((r for r in reversed(rows) if r.role == "user"), None)
+        if last_user is not None:
+            last_user.meta = {**last_user.meta, "intent": intent.as_dict()}
+    return rows
+
+
+def _classify(
+    turn: Turn,
+    exchange: NewExchange,
+    intent_of: IntentOf | None,
+    messages: list[dict[str, Any]],
+) -> Intent | None:
+    """The turn's intent, also on its exchange record."""
+    if intent_of is not None:
+        turn.intent = intent_of(messages)
+        if turn.intent is not None:
+            exchange.intent = turn.intent.label
+            exchange.intent_detail = turn.intent.as_dict()
+    return turn.intent
 
 
 def _stored(record: MessageRecord) -> StoredTurn:
@@ -213,7 +241,11 @@ class ConversationMemory:
         upstream: str,
         stream: bool,
         context: ContextSettings,
+        intent_of: IntentOf | None = None,
     ) -> Turn:
+        """`intent_of` classifies the newest user turn given the messages before it (stored
+        history, then the request's): microseconds, so it runs inside the transaction, where
+        the history is known, and its result is stored with the turn."""
         turn = Turn(request_id, tenant_id, user_id, mode, model)
         exchange = NewExchange(
             request_id=request_id,
@@ -231,6 +263,7 @@ class ConversationMemory:
             # Nothing to store before the upstream call: the exchange is recorded whole when
             # it ends, off the response path.
             turn.pending = exchange
+            _classify(turn, exchange, intent_of, messages)
             return turn
         await self.settle(tenant_id, user_id)
         count = await TokenCounter(model).prepare(messages)
@@ -238,7 +271,16 @@ class ConversationMemory:
             exchange.idempotency_key = idempotency_key  # an attempt may have cleared it
             try:
                 await self.db.write(
-                    partial(self._begin, turn, exchange, conversation_id, messages, context, count)
+                    partial(
+                        self._begin,
+                        turn,
+                        exchange,
+                        conversation_id,
+                        messages,
+                        context,
+                        count,
+                        intent_of,
+                    )
                 )
                 return turn
             except ConflictError:
@@ -257,10 +299,18 @@ class ConversationMemory:
         messages: list[dict[str, Any]],
         context: ContextSettings,
         count: TokenCounter,
+        intent_of: IntentOf | None,
         conn: Connection,
     ) -> None:
         key = self._resolve(
-            conn, turn, conversation_id, exchange.idempotency_key, messages, context, count
+            conn,
+            turn,
+            conversation_id,
+            exchange.idempotency_key,
+            messages,
+            context,
+            count,
+            lambda history: _classify(turn, exchange, intent_of, history + messages),
         )
         exchange.idempotency_key = key
         exchange.conversation_pk = turn.conversation.pk if turn.conversation else None
@@ -276,8 +326,10 @@ class ConversationMemory:
         messages: list[dict[str, Any]],
         context: ContextSettings,
         count: TokenCounter,
+        classify: Callable[[list[dict[str, Any]]], Intent | None],
     ) -> str | None:
-        """Fill `turn` in; return the idempotency key to record on the new exchange."""
+        """Fill `turn` in; return the idempotency key to record on the new exchange.
+        `classify(history)` gives the turn's intent once its history is known."""
         prior = None
         if idempotency_key:
             prior = Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
@@ -291,6 +343,7 @@ class ConversationMemory:
         # A replay's exchange is recorded without the key, which its original holds.
         key = idempotency_key if prior is None else None
         if turn.mode == "off":
+            classify([])
             return key
         conversations = Conversations(conn)
         writing = turn.mode == "full"
@@ -312,6 +365,7 @@ class ConversationMemory:
                 turn.tenant_id, turn.user_id, hashes, for_update=writing
             )
         if conv is None:
+            intent = classify([])
             if writing:
                 # A new conversation: everything the request carries is new (but for a
                 # replay, whose original stored it elsewhere), stored as the conversation opens.
@@ -323,7 +377,7 @@ class ConversationMemory:
                     fingerprint=fingerprint(messages),
                     messages=[]
                     if prior
-                    else _new_messages(messages, hashes, count, turn.request_id),
+                    else _new_messages(messages, hashes, count, turn.request_id, intent),
                 )
                 turn.store_reply = prior is None or prior.status != "complete"
             return key
@@ -350,9 +404,11 @@ class ConversationMemory:
             kept = tail[: len(tail) - split.overlap]
             turn.history = [_stored(m) for m in kept if m.role not in ("system", "developer")]
         new = [] if prior is not None else split.new
+        intent = classify([t.message for t in turn.history])
         turn.store_reply = writing and (prior is None or prior.status != "complete")
         if writing and new:
-            rows = _new_messages(new, chain_hashes(new, conv.chain_hash), count, turn.request_id)
+            hashes = chain_hashes(new, conv.chain_hash)
+            rows = _new_messages(new, hashes, count, turn.request_id, intent)
             turn.conversation = conversations.append(conv, turn.user_id, rows, now=now())
         return key
 

@@ -94,6 +94,18 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.intents = Counter(
+            "memproxy_intents",
+            "User turns classified, by label and method (keyword, llm).",
+            ["tenant", "label", "method"],
+            registry=r,
+        )
+        self.intent_fallbacks = Counter(
+            "memproxy_intent_fallbacks",
+            "LLM intent classifications that fell back to keywords, by reason.",
+            ["tenant", "reason"],
+            registry=r,
+        )
         self._models: set[str] = set()
 
     def model(self, name: str) -> str:
@@ -132,8 +144,7 @@ class Metrics:
             self.unpriced.labels(tenant, model).inc()
         elif bill.upstream_usd:
             self.cost.labels(tenant, model, "upstream").inc(float(bill.upstream_usd))
-        if bill.memory_usd:
-            self.cost.labels(tenant, model, "memory").inc(float(bill.memory_usd))
+        # (The proxy's own calls are counted as they are charged: proxy/charges.py.)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from proxy.charges import MemoryCharges
 from proxy.config import Config, UpstreamConfig
 from proxy.costs import Pricer
 from proxy.exchange_batch import DeferredExchanges
+from proxy.intent import IntentClassifiers
 from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
@@ -38,6 +39,7 @@ class AppState:
     metrics: Metrics
     limits: LimitKeeper
     charges: MemoryCharges
+    intents: IntentClassifiers
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 

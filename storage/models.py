@@ -86,6 +86,8 @@ class Message(Base):
     __table_args__ = (
         UniqueConstraint("conversation_pk", "seq", name="uq_messages_conversation_seq"),
         Index("ix_messages_tenant_user", "tenant_id", "user_id"),
+        # The messages an exchange stored (e.g. to put its late intent on its user turn).
+        Index("ix_messages_tenant_exchange", "tenant_id", "exchange_id"),
     )
 
 
@@ -129,6 +131,8 @@ class Exchange(Base):
     cost_memory_usd: Mapped[float] = mapped_column(Float, default=0.0)
     cost_parts: Mapped[list[Any]] = mapped_column(JSON, default=list)
     intent: Mapped[str | None] = mapped_column(String(64))
+    # The whole intent result (DESIGN.md's object); the LLM's replaces the keyword one.
+    intent_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     overhead_ms: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
 

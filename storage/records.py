@@ -80,6 +80,8 @@ class NewExchange:
     conversation_id: str | None = None
     idempotency_key: str | None = None
     attached: dict[str, Any] = field(default_factory=dict)
+    intent: str | None = None
+    intent_detail: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class ExchangeRecord:
     cost_memory_usd: float
     cost_parts: list[dict[str, Any]]
     intent: str | None
+    intent_detail: dict[str, Any] | None
     overhead_ms: float | None
     error: str | None
 

@@ -309,6 +309,23 @@ class Conversations:
         self.conn.execute(delete(C).where(C.c.tenant_id == tenant_id, C.c.pk == found.pk))
         return True
 
+    def set_turn_meta(self, tenant_id: str, exchange_id: str, key: str, value: Any) -> bool:
+        """Set `key` in the metadata of the last user message an exchange stored (e.g. its
+        intent, known only after the fact). False if it stored none (or it is gone)."""
+        row = self.conn.execute(
+            select(M.c.pk, M.c["metadata"].label("meta"))
+            .where(M.c.tenant_id == tenant_id, M.c.exchange_id == exchange_id, M.c.role == "user")
+            .order_by(M.c.seq.desc())
+            .limit(1)
+        ).first()
+        if row is None:
+            return False
+        meta = {**(row.meta or {}), key: value}
+        self.conn.execute(
+            update(M).where(M.c.tenant_id == tenant_id, M.c.pk == row.pk).values({"metadata": meta})
+        )
+        return True
+
     def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
         """Erase everything stored for one user of one tenant."""
         messages = self.conn.execute(

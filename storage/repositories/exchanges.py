@@ -109,6 +109,17 @@ class Exchanges:
         )
         return True
 
+    def set_intent(
+        self, tenant_id: str, request_id: str, label: str, detail: dict[str, Any]
+    ) -> bool:
+        """Replace the exchange's intent (the LLM's result, arrived after the record)."""
+        result = self.conn.execute(
+            update(E)
+            .where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)
+            .values(intent=label, intent_detail=detail)
+        )
+        return bool(result.rowcount)
+
     def usage(
         self,
         tenant_id: str,
