@@ -1,0 +1,152 @@
+"""Intent classifier accuracy on tests/data/intent_eval.jsonl.
+
+Each row is a user turn with its preceding history, a label, and a split: `dev` (what the
+keyword rules may be tuned on) or `test` (never tuned on). Prints per-label precision and
+recall, accuracy and a confusion table for the keyword classifier and, when an API key is
+configured (`OPENAI_API_KEY`, or `--api-key`; `--base-url` for any OpenAI-compatible server),
+for the LLM classifier through memproxy's own `openai` upstream.
+
+    .venv/bin/python bench/intent_eval.py [--split test|dev|all] [--llm-model gpt-4o-mini]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx
+
+from policies.intent import (
+    DEFAULT_LABELS,
+    Intent,
+    KeywordClassifier,
+    llm_request,
+    parse_llm_reply,
+)
+from proxy.config import UpstreamConfig
+from proxy.sse import reply_from_completion
+from proxy.upstream.openai import OpenAIUpstream
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "intent_eval.jsonl"
+TARGET_ACCURACY = 0.80
+
+
+def load(path: Path, split: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if split == "all" or r["split"] == split]
+
+
+def report(name: str, rows: list[dict[str, Any]], predicted: list[str]) -> dict[str, Any]:
+    labels = list(DEFAULT_LABELS)
+    truth = [r["label"] for r in rows]
+    correct = sum(t == p for t, p in zip(truth, predicted, strict=True))
+    per_label: dict[str, dict[str, float | int]] = {}
+    for label in labels:
+        tp = sum(t == p == label for t, p in zip(truth, predicted, strict=True))
+        guessed = predicted.count(label)
+        actual = truth.count(label)
+        per_label[label] = {
+            "precision": round(tp / guessed, 3) if guessed else 0.0,
+            "recall": round(tp / actual, 3) if actual else 0.0,
+            "support": actual,
+        }
+    confusion = Counter(zip(truth, predicted, strict=True))
+    return {
+        "classifier": name,
+        "n": len(rows),
+        "accuracy": round(correct / len(rows), 3) if rows else 0.0,
+        "per_label": per_label,
+        "confusion": {f"{t}->{p}": n for (t, p), n in sorted(confusion.items()) if t != p},
+    }
+
+
+def show(result: dict[str, Any]) -> str:
+    lines = [f"{result['classifier']}: accuracy {result['accuracy']:.3f} on {result['n']} turns"]
+    lines.append(f"  {'label':<11}{'precision':>10}{'recall':>8}{'n':>5}")
+    for label, figures in result["per_label"].items():
+        lines.append(
+            f"  {label:<11}{figures['precision']:>10.2f}{figures['recall']:>8.2f}"
+            f"{figures['support']:>5}"
+        )
+    if result["confusion"]:
+        worst = sorted(result["confusion"].items(), key=lambda kv: -kv[1])[:8]
+        lines.append("  most confused: " + ", ".join(f"{k} {v}" for k, v in worst))
+    return "\n".join(lines)
+
+
+def keyword_predictions(rows: Iterable[dict[str, Any]]) -> tuple[list[str], float]:
+    classifier = KeywordClassifier()
+    started = time.perf_counter()
+    labels = [classifier.classify(r["text"], r["history"]).label for r in rows]
+    return labels, time.perf_counter() - started
+
+
+async def llm_predictions(
+    rows: list[dict[str, Any]], model: str, api_key: str, base_url: str
+) -> list[str]:
+    """The LLM classifier's labels (a failed call counts as `other`, as no label)."""
+    config = UpstreamConfig(kind="openai", base_url=base_url, api_key=api_key)
+    async with httpx.AsyncClient(timeout=60) as http:
+        upstream = OpenAIUpstream("eval", config, http)
+        limit = asyncio.Semaphore(8)
+
+        async def one(row: dict[str, Any]) -> str:
+            body = llm_request(model, row["text"], row["history"], DEFAULT_LABELS)
+            async with limit:
+                reply = await upstream.chat_completions(body, stream=False)
+            message, _ = reply_from_completion(reply.body or b"")
+            intent: Intent | None = parse_llm_reply((message or {}).get("content"), DEFAULT_LABELS)
+            return intent.label if intent else "other"
+
+        return list(await asyncio.gather(*(one(r) for r in rows)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--split", choices=["test", "dev", "all"], default="test")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--llm-model", default="gpt-4o-mini")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    parser.add_argument("--base-url", default="https://api.openai.com/v1")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--errors", action="store_true", help="list the keyword misses")
+    args = parser.parse_args(argv)
+
+    rows = load(args.data, args.split)
+    predicted, took = keyword_predictions(rows)
+    results = [report("keyword", rows, predicted)]
+    print(show(results[0]))
+    print(f"  {took / len(rows) * 1e6:.0f} us per turn")
+    if args.errors:
+        for row, label in zip(rows, predicted, strict=True):
+            if label != row["label"]:
+                context = " [history]" if row["history"] else ""
+                print(f"    {row['id']} {row['label']} -> {label}: {row['text'][:90]!r}{context}")
+    met = results[0]["accuracy"] >= TARGET_ACCURACY
+    print(f"  target (keyword accuracy >= {TARGET_ACCURACY} on {args.split}): "
+          + ("met" if met else "NOT met"))
+    if args.api_key:
+        labels = asyncio.run(llm_predictions(rows, args.llm_model, args.api_key, args.base_url))
+        results.append(report(f"llm ({args.llm_model})", rows, labels))
+        print()
+        print(show(results[1]))
+    else:
+        print("\nllm: skipped (no OPENAI_API_KEY or --api-key)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
