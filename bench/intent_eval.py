@@ -1,7 +1,8 @@
 """Intent classifier accuracy on tests/data/intent_eval.jsonl.
 
 Each row is a user turn with its preceding history, a label, and a split: `dev` (what the
-keyword rules may be tuned on) or `test` (never tuned on). Prints per-label precision and
+keyword rules may be tuned on), `test` (never tuned on), or `holdout` (written later, by someone
+who had seen neither the rules nor the other rows, after the first look at `test`). Prints per-label precision and
 recall, accuracy and a confusion table for the keyword classifier and, when an API key is
 configured (`OPENAI_API_KEY`, or `--api-key`; `--base-url` for any OpenAI-compatible server),
 for the LLM classifier through memproxy's own `openai` upstream.
@@ -113,7 +114,7 @@ async def llm_predictions(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--split", choices=["test", "dev", "all"], default="test")
+    parser.add_argument("--split", choices=["test", "holdout", "dev", "all"], default="test")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--llm-model", default="gpt-4o-mini")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))

@@ -448,7 +448,10 @@ class ChatExchange:
         if self.turn is not None:
             await record(self.services, self.turn, outcome)
         if self.llm_intent is not None:
-            self.services.spawn(self._record_llm_intent(self.llm_intent))
+            task = self.services.spawn(self._record_llm_intent(self.llm_intent))
+            if self.turn is not None:
+                # Management calls (the exchange record, usage reports) wait for it.
+                self.services.memory.track(self.turn, task, metadata=True)
 
     async def _record_llm_intent(self, task: asyncio.Task[LLMIntent]) -> None:
         """When the LLM's intent arrives (maybe after the response), it replaces the keyword

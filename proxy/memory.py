@@ -44,6 +44,8 @@ Mode = Literal["full", "read", "off"]
 # The intent of a request's newest user turn, given the messages up to it.
 IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
 ANONYMOUS = "anonymous"
+# Where late metadata writes are tracked: no user id can be this (they cannot hold NUL).
+METADATA_WRITES = "\x00metadata"
 # Stored messages read beyond the history window, so a tool call's replies are not cut off.
 TAIL_SLACK = 8
 
@@ -203,9 +205,10 @@ class ConversationMemory:
         )
         self._unsettled: dict[tuple[str, str], set[asyncio.Task[Any]]] = {}
 
-    def track(self, turn: Turn, task: asyncio.Task[Any]) -> None:
-        """A reply write still running for `turn`'s user; `settle` waits for it."""
-        key = (turn.tenant_id, turn.user_id)
+    def track(self, turn: Turn, task: asyncio.Task[Any], *, metadata: bool = False) -> None:
+        """A reply write still running for `turn`'s user; `settle` waits for it. A write of
+        `metadata` only (a late intent) holds up management calls, not the user's next turn."""
+        key = (turn.tenant_id, METADATA_WRITES if metadata else turn.user_id)
         tasks = self._unsettled.setdefault(key, set())
         tasks.add(task)
 

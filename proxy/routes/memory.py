@@ -54,6 +54,7 @@ def message_object(conversation_id: str, m: MessageRecord) -> dict[str, Any]:
         "tokens": m.tokens,
         "exchange_id": m.exchange_id,
         "created_at": int(m.created_at.timestamp()),
+        "metadata": m.meta,
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class Reply:
     chunks: list[bytes] | None = None
     die_after: int | None = None  # close the connection after this many chunks
     delay: float = 0.0  # before the response head
+    hold: bool = False  # no response head until the test sets `FakeOpenAI.release`
 
 
 def sse(payload: Any) -> bytes:
@@ -68,6 +70,8 @@ class FakeOpenAI:
         self.latency = latency
         self.disconnects = 0  # streams whose client went away before the end
         self.streams_started = 0
+        self.replies_started = 0  # responses whose head went out (or is about to)
+        self.release = threading.Event()  # lets held replies go (`Reply.hold`)
         self.streams_finished = 0
 
     @property
@@ -99,6 +103,9 @@ class FakeOpenAI:
     async def _send(self, reply: Reply, receive: Receive, send: Send) -> None:
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        while reply.hold and not self.release.is_set():
+            await asyncio.sleep(0.01)
+        self.replies_started += 1
         if reply.chunks is None:
             payload = (
                 reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()

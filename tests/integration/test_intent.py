@@ -1,0 +1,360 @@
+"""Intent through the real server and the official SDK: the header, what is stored, the LLM
+classifier on its own fake upstream (answers, bad answers, no answer at all), its cost, and the
+per-label policies.
+
+The concurrency is checked by the order of events: with a classifier that never answers, the
+first chunk of a stream reaches the client while the classifier's request is still unanswered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.config import (
+    Config,
+    IntentPolicy,
+    IntentSettings,
+    PriceConfig,
+    TenantConfig,
+    UpstreamConfig,
+)
+from tests.conftest import KEY
+from tests.fakes.openai_upstream import FakeOpenAI, Reply
+from tests.fakes.server import ServerThread
+
+ServeProxy = Callable[[Config], str]
+INTENT_MODEL = "intent-model"
+# $1 per million input tokens, $2 per million output tokens for the classifier's model.
+PRICES = {INTENT_MODEL: PriceConfig(input_per_mtok=1, output_per_mtok=2)}
+
+
+@pytest.fixture
+def classifier() -> Iterator[tuple[FakeOpenAI, str]]:
+    """A second fake OpenAI API, for the intent classifier alone."""
+    app = FakeOpenAI()
+    with ServerThread(app) as server:
+        yield app, server.url + "/v1"
+        app.release.set()  # answer what is still held, so the server can stop
+
+
+def config(main_url: str, intent_url: str, **intent: Any) -> Config:
+    return Config(
+        upstreams={
+            "main": UpstreamConfig(kind="openai", base_url=main_url, api_key="k"),
+            "classifier": UpstreamConfig(kind="openai", base_url=intent_url, api_key="k"),
+        },
+        pricing=PRICES,
+        tenants={
+            "t1": TenantConfig(
+                api_keys=[KEY],
+                upstream="main",
+                intent=IntentSettings(model=INTENT_MODEL, upstream="classifier", **intent),
+            )
+        },
+    )
+
+
+@pytest.fixture
+def start(
+    fake_upstream: tuple[FakeOpenAI, str],
+    classifier: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+) -> Callable[..., str]:
+    def run(**intent: Any) -> str:
+        return serve_proxy(config(fake_upstream[1], classifier[1], **intent))
+
+    return run
+
+
+@pytest.fixture
+def fake(fake_upstream: tuple[FakeOpenAI, str]) -> FakeOpenAI:
+    return fake_upstream[0]
+
+
+@pytest.fixture
+def judge(classifier: tuple[FakeOpenAI, str]) -> FakeOpenAI:
+    return classifier[0]
+
+
+def clients(base_url: str) -> tuple[openai.AsyncOpenAI, httpx.AsyncClient]:
+    headers = {"authorization": f"Bearer {KEY}"}
+    return (
+        openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0),
+        httpx.AsyncClient(base_url=base_url, headers=headers),
+    )
+
+
+@pytest.fixture
+async def sessions(
+    start: Callable[..., str],
+) -> AsyncIterator[Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]]]:
+    opened: list[tuple[openai.AsyncOpenAI, httpx.AsyncClient]] = []
+
+    def open_(**intent: Any) -> tuple[openai.AsyncOpenAI, httpx.AsyncClient]:
+        pair = clients(start(**intent))
+        opened.append(pair)
+        return pair
+
+    yield open_
+    for sdk, http in opened:
+        await sdk.close()
+        await http.aclose()
+
+
+def verdict(label: str, confidence: float = 0.8, usage: bool = True, **extra: Any) -> Reply:
+    """The classifier's answer: a chat completion whose content is the JSON object."""
+    content = json.dumps({"label": label, "confidence": confidence, **extra})
+    body: dict[str, Any] = {
+        "id": "chatcmpl-intent",
+        "object": "chat.completion",
+        "created": 1,
+        "model": INTENT_MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    if usage:
+        body["usage"] = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+    return Reply(body=body)
+
+
+def ask(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+async def exchange(http: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
+    response = await http.get(f"/memory/exchanges/{request_id}")
+    assert response.status_code == 200, response.text
+    found: dict[str, Any] = response.json()
+    return found
+
+
+# --- keyword mode (the default) --------------------------------------------------------------
+
+
+async def test_keyword_intent_is_in_the_header_the_message_and_the_exchange(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]], judge: FakeOpenAI
+) -> None:
+    sdk, http = sessions()
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("what is the boiling point of water?")
+    )
+    label, confidence, method = raw.headers["x-memory-intent"].split(";")
+    assert (label, method) == ("question", "keyword")
+    assert 0 <= float(confidence) <= 1
+    record = await exchange(http, raw.headers["x-request-id"])
+    assert record["intent"] == "question"
+    conversation = raw.headers["x-memory-conversation-id"]
+    messages = (await http.get(f"/memory/conversations/{conversation}/messages")).json()["data"]
+    stored = messages[0]["metadata"]["intent"]
+    assert (stored["label"], stored["method"]) == ("question", "keyword")
+    assert "intent" not in messages[1]["metadata"]  # the reply has none
+    assert judge.requests == []  # keyword mode never calls a model
+
+
+async def test_a_follow_up_is_recognised_from_the_stored_history_of_a_thin_client(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+) -> None:
+    sdk, _ = sessions()
+    thin = {"X-Memory-Conversation-Id": "c1", "X-Memory-User-Id": "alice"}
+    await sdk.chat.completions.create(
+        model="gpt-4o-mini", messages=ask("suggest three names for a cat"), extra_headers=thin
+    )
+    # The client sends only its newest message: the earlier turn is in storage.
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("make them shorter"), extra_headers=thin
+    )
+    assert raw.headers["x-memory-intent"].startswith("follow_up;")
+
+
+async def test_no_intent_when_the_tenant_turns_it_off(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+) -> None:
+    sdk, http = sessions(mode="off")
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("hi")
+    )
+    assert "x-memory-intent" not in raw.headers
+    assert (await exchange(http, raw.headers["x-request-id"]))["intent"] is None
+
+
+async def test_usage_report_groups_by_intent(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+) -> None:
+    sdk, http = sessions()
+    for text in ("hello!", "write a haiku about rain", "write a poem about snow"):
+        await sdk.chat.completions.create(
+            model="gpt-4o-mini", messages=ask(text), extra_headers={"X-Memory-Mode": "off"}
+        )
+    report = (await http.get("/memory/usage", params={"group_by": "intent"})).json()
+    assert {row["intent"]: row["requests"] for row in report["data"]} == {
+        "task": 2,
+        "chitchat": 1,
+    }
+
+
+# --- the LLM classifier ----------------------------------------------------------------------
+
+
+async def test_llm_intent_is_in_the_header_and_its_cost_in_the_memory_cost(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]], judge: FakeOpenAI
+) -> None:
+    sdk, http = sessions(mode="llm", timeout_ms=5000)
+    judge.script.append(verdict("task", 0.77, entities={"topic": "rain"}))
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("what would a haiku about rain look like?")
+    )
+    assert raw.headers["x-memory-intent"] == "task;0.77;llm"
+    # 100 x 1/M + 10 x 2/M for the classifier; the main model has no price here.
+    assert raw.headers["x-cost-memory-usd"] == "0.00012"
+
+    sent = judge.chat_requests[0]
+    assert sent["model"] == INTENT_MODEL
+    assert sent["response_format"] == {"type": "json_object"}
+    assert "haiku about rain" in sent["messages"][-1]["content"]
+
+    record = await exchange(http, raw.headers["x-request-id"])
+    assert record["intent"] == "task"
+    assert record["cost"]["memory_usd"] == 0.00012
+    (part,) = record["cost"]["parts"]
+    assert (part["kind"], part["model"], part["cost_usd"]) == ("intent", INTENT_MODEL, 0.00012)
+    conversation = raw.headers["x-memory-conversation-id"]
+    messages = (await http.get(f"/memory/conversations/{conversation}/messages")).json()["data"]
+    stored = messages[0]["metadata"]["intent"]
+    assert (stored["label"], stored["method"], stored["entities"]) == (
+        "task",
+        "llm",
+        {"topic": "rain"},
+    )
+
+
+async def test_a_bad_llm_answer_falls_back_to_keywords_and_is_counted(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]], judge: FakeOpenAI
+) -> None:
+    sdk, http = sessions(mode="llm", timeout_ms=5000)
+    body = verdict("x").body
+    body["choices"][0]["message"]["content"] = "I think it is a question."
+    judge.script.append(Reply(body=body))
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("what is the boiling point of water?")
+    )
+    assert raw.headers["x-memory-intent"].endswith(";keyword")
+    assert raw.headers["x-memory-intent"].startswith("question;")
+    # The call still cost something: it is charged.
+    record = await exchange(http, raw.headers["x-request-id"])
+    assert record["intent"] == "question"
+    assert record["cost"]["memory_usd"] == 0.00012
+    metrics = (await http.get(str(http.base_url).removesuffix("/v1/") + "/metrics")).text
+    assert 'memproxy_intent_fallbacks_total{reason="bad_reply",tenant="t1"} 1.0' in metrics
+
+
+async def test_an_llm_error_falls_back_to_keywords(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]], judge: FakeOpenAI
+) -> None:
+    sdk, _ = sessions(mode="llm", timeout_ms=5000)
+    judge.script.append(Reply(status=500, body={"error": {"message": "boom"}}))
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("hello there!")
+    )
+    assert raw.headers["x-memory-intent"].startswith("chitchat;")
+    assert raw.headers["x-memory-intent"].endswith(";keyword")
+    assert raw.parse().choices[0].message.content == "fake reply to: hello there!"
+
+
+async def test_a_classifier_that_never_answers_holds_up_nothing(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+    judge: FakeOpenAI,
+    fake: FakeOpenAI,
+) -> None:
+    sdk, http = sessions(mode="llm", timeout_ms=400)
+    judge.script.append(Reply(body={}, hold=True))  # never, as far as this test goes
+    async with sdk.chat.completions.with_streaming_response.create(
+        model="gpt-4o-mini", messages=ask("write a limerick about a cat"), stream=True
+    ) as response:
+        chunks = (await response.parse()).__aiter__()
+        first = await chunks.__anext__()
+        # The first chunk is here while the classifier has the request and has not answered.
+        assert len(judge.requests) == 1 and judge.replies_started == 0
+        assert first.choices[0].delta.role == "assistant"
+        rest = [c async for c in chunks]
+        headers = response.headers
+    assert headers["x-memory-intent"].startswith("task;") and headers["x-memory-intent"].endswith(
+        ";keyword"
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
+    record = await exchange(http, headers["x-request-id"])  # waits out the classifier's timeout
+    assert (record["status"], record["intent"]) == ("complete", "task")
+    assert record["cost"]["parts"] == []
+    # A whole (non-stream) reply waits for the classifier only up to its timeout, then says
+    # what the keywords said.
+    judge.script.append(Reply(body={}, hold=True))
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("write a limerick about a dog")
+    )
+    assert raw.headers["x-memory-intent"].endswith(";keyword")
+    assert judge.replies_started == 0
+    assert len(fake.chat_requests) == 2
+
+
+# --- policies --------------------------------------------------------------------------------
+
+
+async def test_a_label_policy_can_leave_out_stored_context(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+    fake: FakeOpenAI,
+) -> None:
+    sdk, http = sessions(policies={"chitchat": IntentPolicy(memory=False)})
+    thin = {"X-Memory-Conversation-Id": "c1", "X-Memory-User-Id": "alice"}
+    await sdk.chat.completions.create(
+        model="gpt-4o-mini", messages=ask("what is the capital of peru?"), extra_headers=thin
+    )
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("good morning!"), extra_headers=thin
+    )
+    assert raw.headers["x-memory-intent"].startswith("chitchat;")
+    assert raw.headers["x-memory-history-messages"] == "0"
+    assert len(fake.chat_requests[-1]["messages"]) == 1  # no stored history went upstream
+    record = await exchange(http, raw.headers["x-request-id"])
+    assert record["attached"]["intent_policy"] == {"label": "chitchat", "memory": False}
+    # A question in the same conversation gets its history as usual.
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("and its population?"), extra_headers=thin
+    )
+    assert raw.headers["x-memory-history-messages"] == "4"
+
+
+async def test_a_tenant_can_wait_for_the_llm_label_before_acting_on_it(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+    judge: FakeOpenAI,
+    fake: FakeOpenAI,
+) -> None:
+    sdk, _ = sessions(
+        mode="llm",
+        timeout_ms=5000,
+        wait_for_llm=True,
+        policies={"chitchat": IntentPolicy(memory=False)},
+    )
+    thin = {"X-Memory-Conversation-Id": "c2", "X-Memory-User-Id": "bob"}
+    judge.script.append(verdict("question"))
+    await sdk.chat.completions.create(
+        model="gpt-4o-mini", messages=ask("what is the capital of peru?"), extra_headers=thin
+    )
+    # The keywords read a question; the LLM says small talk, and the tenant acts on the LLM.
+    judge.script.append(verdict("chitchat", 0.9))
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("how is your day going?"), extra_headers=thin
+    )
+    assert raw.headers["x-memory-intent"] == "chitchat;0.90;llm"
+    assert len(fake.chat_requests[-1]["messages"]) == 1
+    # The classifier saw the stored history, so references can resolve.
+    assert "capital of peru" in judge.chat_requests[-1]["messages"][-1]["content"]

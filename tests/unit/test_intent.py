@@ -1,0 +1,204 @@
+"""Intent (policies/intent.py): the keyword classifier, the LLM request, and the normalisation of
+what an LLM answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from policies.intent import (
+    DEFAULT_LABELS,
+    Intent,
+    KeywordClassifier,
+    LabelSpec,
+    llm_request,
+    parse_llm_reply,
+    turn_and_history,
+)
+from proxy.config import ConfigError, IntentSettings, load_config
+
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": "give me three names for a bakery"},
+    {"role": "assistant", "content": "1. Rise & Shine 2. Crumbs 3. The Daily Loaf"},
+]
+classify = KeywordClassifier().classify
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("what is the capital of australia?", "question"),
+        ("write a limerick about a cat", "task"),
+        ("could you translate 'good luck' into italian?", "task"),
+        ("thanks a lot!", "feedback"),
+        ("hello there!", "chitchat"),
+        ("asdfghjkl", "other"),
+        ("https://example.com/page", "other"),
+    ],
+)
+def test_plain_turns_get_their_label_with_method_keyword(text: str, label: str) -> None:
+    intent = classify(text)
+    assert (intent.label, intent.method) == (label, "keyword")
+    assert 0 <= intent.confidence <= 1
+
+
+def test_a_reference_is_a_follow_up_only_when_there_is_something_to_refer_to() -> None:
+    assert classify("make it shorter", HISTORY).label == "follow_up"
+    assert classify("the second one", HISTORY).label == "follow_up"
+    assert classify("the second one").label != "follow_up"  # nothing came before
+
+
+def test_a_follow_up_that_is_also_a_task_is_a_follow_up() -> None:
+    assert classify("now do it in french", HISTORY).label == "follow_up"
+
+
+def test_thanks_with_a_new_request_is_the_request() -> None:
+    assert classify("thanks! now can you summarise this for me", HISTORY).label == "task"
+
+
+def test_pasted_material_is_not_read_as_the_users_own_words() -> None:
+    text = "reply to this customer email: 'thanks, but your product is useless and broken'"
+    assert classify(text).label == "task"
+
+
+def test_the_result_object_has_every_field_of_the_design() -> None:
+    result = classify("what is rust?").as_dict()
+    assert set(result) == {
+        "label",
+        "confidence",
+        "entities",
+        "reasoning",
+        "is_ambiguous",
+        "alternative_label",
+        "clarifying_question",
+        "method",
+    }
+
+
+def test_header_is_label_confidence_method() -> None:
+    assert Intent("question", 0.923, "llm").header() == "question;0.92;llm"
+
+
+def test_a_tenants_own_labels_and_cues() -> None:
+    labels = {
+        "billing": LabelSpec("About invoices and payments.", keywords=("invoice", "refund")),
+        "bug": LabelSpec("Reports a defect.", patterns=(r"\bcrash(es|ed)?\b",)),
+    }
+    custom = KeywordClassifier(labels)
+    assert custom.classify("where is my refund for invoice 42").label == "billing"
+    assert custom.classify("the app crashes on start").label == "bug"
+    assert custom.classify("lovely weather").label == "other"  # `other` is always there
+
+
+def test_turn_and_history_take_the_newest_user_message() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        *HISTORY,
+        {"role": "user", "content": [{"type": "text", "text": "the first"}]},
+        {"role": "assistant", "content": "ok"},
+    ]
+    text, history = turn_and_history(messages, history_limit=1)
+    assert text == "the first"
+    assert history == [HISTORY[1]]
+
+
+# --- the LLM classifier's request and reply ---------------------------------------------------
+
+
+def test_the_llm_request_asks_for_a_json_object_with_the_history_and_the_labels() -> None:
+    body = llm_request("gpt-4o-mini", "and the second?", HISTORY, DEFAULT_LABELS)
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["temperature"] == 0 and body["max_tokens"] <= 300
+    system, user = body["messages"]
+    assert all(f"- {label}:" in system["content"] for label in DEFAULT_LABELS)
+    assert "The Daily Loaf" in user["content"] and "and the second?" in user["content"]
+
+
+def reply(**fields: Any) -> str:
+    return json.dumps({"label": "question", "confidence": 0.9, **fields})
+
+
+def test_a_full_reply_is_taken_as_it_is() -> None:
+    content = reply(
+        entities={"topic": "bread"},
+        reasoning="asks about a name",
+        is_ambiguous=True,
+        alternative_label="follow_up",
+        clarifying_question="Which name?",
+    )
+    assert parse_llm_reply(content, DEFAULT_LABELS) == Intent(
+        "question",
+        0.9,
+        "llm",
+        entities={"topic": "bread"},
+        reasoning="asks about a name",
+        is_ambiguous=True,
+        alternative_label="follow_up",
+        clarifying_question="Which name?",
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "label", "confidence"),
+    [
+        ({"label": "Follow-Up"}, "follow_up", 0.9),  # spelled loosely
+        ({"label": "complaint"}, "other", 0.9),  # not a label
+        ({"confidence": 7}, "question", 1.0),
+        ({"confidence": -1}, "question", 0.0),
+        ({"confidence": "0.25"}, "question", 0.25),
+        ({"confidence": "high"}, "question", 0.5),
+        ({"confidence": None}, "question", 0.5),
+    ],
+)
+def test_replies_are_normalised(fields: dict[str, Any], label: str, confidence: float) -> None:
+    intent = parse_llm_reply(reply(**fields), DEFAULT_LABELS)
+    assert intent is not None
+    assert (intent.label, intent.confidence, intent.method) == (label, confidence, "llm")
+
+
+def test_wrong_types_in_optional_fields_are_dropped() -> None:
+    content = reply(entities=["x"], reasoning=5, alternative_label="nope", is_ambiguous="yes")
+    intent = parse_llm_reply(content, DEFAULT_LABELS)
+    assert intent is not None
+    assert (intent.entities, intent.reasoning, intent.alternative_label) == ({}, "", None)
+    assert intent.is_ambiguous is False
+
+
+def test_a_fenced_json_reply_is_read() -> None:
+    assert parse_llm_reply("```json\n" + reply() + "\n```", DEFAULT_LABELS) is not None
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "", "question", "[1, 2]", '{"confidence": 0.9}', '{"label": 3}', "{not json"],
+)
+def test_a_reply_that_is_not_the_object_is_a_failure(content: Any) -> None:
+    assert parse_llm_reply(content, DEFAULT_LABELS) is None
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_a_policy_must_name_a_label() -> None:
+    with pytest.raises(ValueError, match="policies.smalltalk"):
+        IntentSettings(policies={"smalltalk": {"memory": False}})  # type: ignore[dict-item]
+    assert IntentSettings(policies={"chitchat": {"memory": False}})  # type: ignore[dict-item]
+
+
+def test_a_bad_pattern_is_a_config_error_naming_the_key(tmp_path: Any) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "tenants:\n  t:\n    api_keys: [k]\n    intent:\n      labels:\n"
+        "        bug: {description: defects, patterns: ['crash(']}\n"
+    )
+    with pytest.raises(ConfigError, match=r"tenants\.t\.intent\.labels\.bug\.patterns"):
+        load_config(path)
+
+
+def test_an_unknown_intent_upstream_is_a_config_error(tmp_path: Any) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("tenants:\n  t:\n    api_keys: [k]\n    intent: {upstream: nowhere}\n")
+    with pytest.raises(ConfigError, match=r"tenants\.t\.intent\.upstream"):
+        load_config(path)
