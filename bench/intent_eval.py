@@ -134,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                 context = " [history]" if row["history"] else ""
                 print(f"    {row['id']} {row['label']} -> {label}: {row['text'][:90]!r}{context}")
     met = results[0]["accuracy"] >= TARGET_ACCURACY
-    print(f"  target (keyword accuracy >= {TARGET_ACCURACY} on {args.split}): "
-          + ("met" if met else "NOT met"))
+    print(
+        f"  target (keyword accuracy >= {TARGET_ACCURACY} on {args.split}): "
+        + ("met" if met else "NOT met")
+    )
     if args.api_key:
         labels = asyncio.run(llm_predictions(rows, args.llm_model, args.api_key, args.base_url))
         results.append(report(f"llm ({args.llm_model})", rows, labels))
@@ -146,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
-
 
 
 if __name__ == "__main__":

@@ -436,6 +436,17 @@ _REFERENCE = re.compile(
     r"\b(?:it|that|this|them|those|these|the same|above|again|one|ones|instead|too|as well)\b"
 )
 _WORD = re.compile(r"[^\W\d_]+")
+_ABOUT_YOU = re.compile(
+    r"^(?:and |so |but )?(?:do|are|have|did|were|would|will) you\b(?! (?:know|have access|"
+    r"support|speak|remember|able|allowed|capable|work))|\byour (?:favou?rite|day|weekend|"
+    r"night|morning|hobbies|mood)\b|^how(?:'s| is| was| are) (?:your|you)\b"
+)
+_FEELING = re.compile(
+    r"\b(?:i'?m|i am|feeling|i feel|i'm so|im so)\b(?: \w+)?\s*(?:so |really |very |kinda |"
+    r"a bit |super )?(?:tired|bored|sad|happy|excited|stressed|nervous|exhausted|lonely|"
+    r"hungry|sleepy|sick|anxious|frustrated|annoyed|glad|awful|terrible|down|great|good|fine|"
+    r"okay|ok)\b|\bmy name is\b|\bi'?m called\b"
+)
 _CONNECTED_WORDS = 6
 _CONNECTOR = re.compile(r"^(?:and|but|so|also|then|ok so|okay so|what if|wait)\b")
 _MATERIAL = re.compile(r":\s*\S.{20,}")
@@ -544,6 +555,16 @@ class KeywordClassifier:
             elif not scores and 0 < len(words) <= _SHORT_WORDS:
                 scores[FOLLOW_UP] = 1.0  # a few words with nothing of their own
                 reasons.append("a few words after an answer")
+        if "chitchat" in labels and not cues.get("task") and not cues.get("feedback"):
+            # Small talk by its shape: a social question to the assistant about itself (not
+            # about what it can do), or how the user feels, with nothing asked for.
+            shape = _ABOUT_YOU.search(turn) or _FEELING.search(turn)
+            if shape:
+                scores["chitchat"] = scores.get("chitchat", 0.0) + 2.5
+                reasons.append("small talk: " + repr(shape.group(0)[:30]))
+            elif not scores and turn.endswith("!"):
+                scores["chitchat"] = 1.0
+                reasons.append("an exclamation, nothing asked")
         # A request decides over the thanks or greeting that comes with it.
         social = max(_SOCIAL, key=lambda s: scores.get(s, 0.0))
         request = max(_REQUESTS, key=lambda r: cues.get(r, 0.0))

@@ -103,8 +103,8 @@ class FakeOpenAI:
     async def _send(self, reply: Reply, receive: Receive, send: Send) -> None:
         if reply.delay:
             await asyncio.sleep(reply.delay)
-        while reply.hold and not self.release.is_set():
-            await asyncio.sleep(0.01)
+        if reply.hold:  # (a threading.Event: the test sets it from its own thread)
+            await asyncio.to_thread(self.release.wait)
         self.replies_started += 1
         if reply.chunks is None:
             payload = (

@@ -182,7 +182,7 @@ def test_a_reply_that_is_not_the_object_is_a_failure(content: Any) -> None:
 
 
 def test_a_policy_must_name_a_label() -> None:
-    with pytest.raises(ValueError, match="policies.smalltalk"):
+    with pytest.raises(ValueError, match=r"policies\.smalltalk"):
         IntentSettings(policies={"smalltalk": {"memory": False}})  # type: ignore[dict-item]
     assert IntentSettings(policies={"chitchat": {"memory": False}})  # type: ignore[dict-item]
 
