@@ -201,7 +201,7 @@ DEFAULT_LABELS: dict[str, LabelSpec] = {
             "und auf",
         ),
         patterns=(
-            r"\b(?:it|that|this|them|those|these|one)\b.*\b(?:shorter|longer|simpler|more|"
+            r"\b(?:it|that|this|them|those|these|one)\b.{0,60}\b(?:shorter|longer|simpler|more|"
             r"less|better|again|formal|casual|funnier|clearer)\b",
             r"\b(?:shorter|longer|simpler|more detail|less formal|more formal|again)\b",
             r"^(?:more|less|continue)\b",
@@ -430,6 +430,8 @@ DEFAULT_LABELS: dict[str, LabelSpec] = {
     OTHER: LabelSpec("None of the above: unclear, unrelated or empty."),
 }
 
+# The part of a turn the keyword classifier reads.
+CLASSIFY_CHARS = 2_000
 # Structural cues.
 _SHORT_WORDS = 10
 _REFERENCE = re.compile(
@@ -507,7 +509,9 @@ class KeywordClassifier:
         self._rank = {name: order.get(name, -1) for name in self.labels}  # custom labels first
 
     def classify(self, text: str, history: Sequence[Mapping[str, Any]] = ()) -> Intent:
-        turn = " ".join(text.lower().split())
+        # What a turn asks is in its first lines; a long paste after them changes nothing, and
+        # the rules then cost the same for every turn.
+        turn = " ".join(text[:CLASSIFY_CHARS].lower().split())
         has_history = any(m.get("role") == "assistant" for m in history)
         cues: dict[str, float] = {}
         reasons: list[str] = []
@@ -696,7 +700,9 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return " ".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     return ""
 
 
@@ -706,11 +712,11 @@ def _clip(text: str, limit: int) -> str:
 
 def turn_and_history(
     messages: Sequence[Mapping[str, Any]], history_limit: int = 6
-) -> tuple[str, list[Mapping[str, Any]]]:
-    """The newest user message's text and the user/assistant messages before it (the last
-    `history_limit`), from a request's messages (stored history first, if any)."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "user":
-            earlier = [m for m in messages[:i] if m.get("role") in ("user", "assistant")]
-            return _text(messages[i].get("content")), earlier[-history_limit:]
-    return "", []
+) -> tuple[str, list[Mapping[str, Any]]] | None:
+    """The newest message's text, if it is the user's, and the user/assistant messages before
+    it (the last `history_limit`). None when the newest message is not a user turn (a tool
+    result going back to the model: its turn was classified when it was asked)."""
+    if not messages or messages[-1].get("role") != "user":
+        return None
+    earlier = [m for m in messages[:-1] if m.get("role") in ("user", "assistant")]
+    return _text(messages[-1].get("content")), earlier[-history_limit:] if history_limit else []

@@ -382,19 +382,17 @@ class ChatExchange:
             return False
         return True
 
-    def _intent_now(self) -> tuple[Intent | None, Decimal]:
+    def _intent_now(self) -> tuple[Intent | None, Decimal | None]:
         """The intent for the headers (the LLM's if it has answered) and what the LLM call
-        cost so far."""
+        cost so far (None: its model has no price)."""
         task = self.llm_intent
         if task is None or not task.done() or task.cancelled():
             return self.intent, ZERO
         result: LLMIntent = task.result()
-        cost = (
-            None
-            if result.usage is None
-            else self.services.pricer.prices.cost(result.model, result.usage)
-        )
-        return result.intent or self.intent, cost or ZERO
+        if result.usage is None:
+            return result.intent or self.intent, ZERO
+        cost = self.services.pricer.prices.cost(result.model, result.usage)
+        return result.intent or self.intent, cost
 
     def _ask_for_usage(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Ask the upstream for the usage chunk; True if the client did not ask for it."""
@@ -457,23 +455,29 @@ class ChatExchange:
         """When the LLM's intent arrives (maybe after the response), it replaces the keyword
         one in the records, and its cost is charged to the exchange."""
         result = await task
-        turn, tenant = self.turn, self.principal.tenant_id
-        if turn is None:
-            return  # storage was down for this exchange: nothing to update
-        try:
-            if turn.pending is not None:
-                await self.services.deferred.settle()  # its record is written in a batch
-            if result.intent is not None:
-                intent = result.intent
-                await self.services.db.write(
+        turn, tenant, services = self.turn, self.principal.tenant_id, self.services
+        if turn is None:  # storage was down for this exchange: count the cost, store nothing
+            if result.usage is not None:
+                cost = services.pricer.prices.cost(result.model, result.usage)
+                services.limits.spend(tenant, result.usage.total_tokens, cost)
+            return
+        if turn.pending is not None:
+            await services.deferred.settle()  # its record is written in a batch
+        if result.intent is not None:
+            intent = result.intent
+            try:
+                await services.db.write(
                     lambda conn: _store_intent(conn, tenant, turn.request_id, intent)
                 )
-            if result.usage is not None:
-                await self.services.charges.charge(
+            except StorageError as exc:
+                log.error("intent_not_recorded", request_id=turn.request_id, error=str(exc))
+        if result.usage is not None:
+            try:
+                await services.charges.charge(
                     tenant, turn.request_id, kind="intent", model=result.model, usage=result.usage
                 )
-        except StorageError as exc:
-            log.error("intent_not_recorded", request_id=turn.request_id, error=str(exc))
+            except StorageError as exc:
+                log.error("intent_cost_not_recorded", request_id=turn.request_id, error=str(exc))
 
 
 def _store_intent(conn: Connection, tenant_id: str, request_id: str, intent: Intent) -> None:

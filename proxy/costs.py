@@ -34,14 +34,16 @@ class Bill:
 
     usage: Usage
     upstream_usd: Decimal | None
-    memory_usd: Decimal = ZERO
+    memory_usd: Decimal | None = ZERO  # None: one of the proxy's calls has no price
     final: bool = True
     # The upstream's own usage object, kept in the record as it came (details included).
     reported: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def total_usd(self) -> Decimal | None:
-        return None if self.upstream_usd is None else self.upstream_usd + self.memory_usd
+        if self.upstream_usd is None or self.memory_usd is None:
+            return None
+        return self.upstream_usd + self.memory_usd
 
     def headers(self) -> dict[str, str]:
         headers = {

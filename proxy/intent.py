@@ -76,8 +76,10 @@ class IntentClassifiers:
         if classifier is None:
             return None
         settings = self._settings[tenant_id]
-        text, history = turn_and_history(messages, settings.history_messages)
-        intent = classifier.classify(text, history)
+        turn = turn_and_history(messages, settings.history_messages)
+        if turn is None:
+            return None
+        intent = classifier.classify(*turn)
         self.metrics.intents.labels(tenant_id, intent.label, "keyword").inc()
         return intent
 
@@ -89,7 +91,7 @@ class IntentClassifiers:
         cancellation): a failure is an `LLMIntent` without an intent."""
         settings = self._settings[tenant_id]
         classifier = self._keyword[tenant_id]
-        text, history = turn_and_history(messages, settings.history_messages)
+        text, history = turn_and_history(messages, settings.history_messages) or ("", [])
         body = llm_request(settings.model, text, history, classifier.labels)
         usage: Usage | None = None
         reason = "bad_reply"

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
+import structlog
 from sqlalchemy import Connection
 
 from policies.context import StoredTurn
@@ -40,6 +41,7 @@ from storage.records import ConversationRecord, MessageRecord, NewExchange, NewM
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 
+log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
 # The intent of a request's newest user turn, given the messages up to it.
 IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
@@ -177,7 +179,11 @@ def _classify(
 ) -> Intent | None:
     """The turn's intent, also on its exchange record."""
     if intent_of is not None:
-        turn.intent = intent_of(messages)
+        try:
+            turn.intent = intent_of(messages)
+        except Exception:  # intent is metadata: it never fails the turn it describes
+            log.exception("intent_failed", request_id=turn.request_id)
+            turn.intent = None
         if turn.intent is not None:
             exchange.intent = turn.intent.label
             exchange.intent_detail = turn.intent.as_dict()

@@ -57,8 +57,13 @@ class AppState:
         return task
 
     async def drain(self, seconds: float = 30.0) -> None:
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=seconds)
+        """Wait for background work, including work it spawns meanwhile, up to `seconds`."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        while self.tasks:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await asyncio.wait(set(self.tasks), timeout=left)
 
 
 def build_upstream(name: str, config: UpstreamConfig, http: httpx.AsyncClient) -> Upstream:

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from policies.intent import KeywordClassifier
 from proxy.config import (
     Config,
     IntentPolicy,
@@ -126,6 +127,12 @@ def verdict(label: str, confidence: float = 0.8, usage: bool = True, **extra: An
     if usage:
         body["usage"] = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
     return Reply(body=body)
+
+
+HISTORY_ANSWERED: list[Any] = [
+    {"role": "user", "content": "tell me about peru"},
+    {"role": "assistant", "content": "fake reply to: tell me about peru"},
+]
 
 
 def ask(text: str) -> list[Any]:
@@ -347,14 +354,57 @@ async def test_a_tenant_can_wait_for_the_llm_label_before_acting_on_it(
     thin = {"X-Memory-Conversation-Id": "c2", "X-Memory-User-Id": "bob"}
     judge.script.append(verdict("question"))
     await sdk.chat.completions.create(
-        model="gpt-4o-mini", messages=ask("what is the capital of peru?"), extra_headers=thin
+        model="gpt-4o-mini", messages=ask("tell me about peru"), extra_headers=thin
     )
-    # The keywords read a question; the LLM says small talk, and the tenant acts on the LLM.
+    # The keywords read a question; the LLM says small talk, and the tenant acts on the LLM's.
+    text = "what is the weather like where you are?"
+    assert KeywordClassifier().classify(text, HISTORY_ANSWERED).label == "question"
     judge.script.append(verdict("chitchat", 0.9))
-    raw = await sdk.chat.completions.with_raw_response.create(
-        model="gpt-4o-mini", messages=ask("how is your day going?"), extra_headers=thin
-    )
-    assert raw.headers["x-memory-intent"] == "chitchat;0.90;llm"
-    assert len(fake.chat_requests[-1]["messages"]) == 1
+    async with sdk.chat.completions.with_streaming_response.create(
+        model="gpt-4o-mini", messages=ask(text), extra_headers=thin, stream=True
+    ) as response:
+        # A stream's headers carry the LLM's label only because the tenant waited for it.
+        assert response.headers["x-memory-intent"] == "chitchat;0.90;llm"
+        assert [c async for c in await response.parse()]
+    assert len(fake.chat_requests[-1]["messages"]) == 1  # the stored history was left out
     # The classifier saw the stored history, so references can resolve.
-    assert "capital of peru" in judge.chat_requests[-1]["messages"][-1]["content"]
+    assert "tell me about peru" in judge.chat_requests[-1]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"X-Memory-Mode": "read"},
+        {"X-Memory-Mode": "off"},
+        {"X-Memory-Mode": "off", "Idempotency-Key": "k-1"},
+    ],
+    ids=["full", "read", "off", "off-with-key"],
+)
+async def test_an_llm_answer_after_the_stream_updates_the_record(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+    judge: FakeOpenAI,
+    headers: dict[str, str],
+) -> None:
+    sdk, http = sessions(mode="llm", timeout_ms=10_000)
+    judge.script.append(Reply(body=verdict("task", 0.6).body, hold=True))
+    response = await sdk.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=ask("what is a good name for a boat?"),
+        stream=True,
+        extra_headers=headers,
+    )
+    assert [c async for c in response]
+    header = response.response.headers["x-memory-intent"]
+    assert header.startswith("question;") and header.endswith(";keyword")
+    assert judge.replies_started == 0  # the stream ended before the classifier answered
+    judge.release.set()
+    # The record waits for the late answer, then has it and its cost.
+    record = await exchange(http, response.response.headers["x-request-id"])
+    assert record["intent"] == "task"
+    assert [p["kind"] for p in record["cost"]["parts"]] == ["intent"]
+    assert record["cost"]["memory_usd"] == 0.00012
+    if not headers:  # only full mode stores the user's message
+        conversation = response.response.headers["x-memory-conversation-id"]
+        listed = await http.get(f"/memory/conversations/{conversation}/messages")
+        assert listed.json()["data"][0]["metadata"]["intent"]["method"] == "llm"

@@ -96,12 +96,24 @@ def test_turn_and_history_take_the_newest_user_message() -> None:
     messages = [
         {"role": "system", "content": "be brief"},
         *HISTORY,
-        {"role": "user", "content": [{"type": "text", "text": "the first"}]},
-        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "the first"}, {"text": None}]},
     ]
-    text, history = turn_and_history(messages, history_limit=1)
-    assert text == "the first"
-    assert history == [HISTORY[1]]
+    assert turn_and_history(messages, history_limit=1) == ("the first", [HISTORY[1]])
+    assert turn_and_history(messages, history_limit=0) == ("the first", [])
+
+
+def test_a_request_that_does_not_end_with_a_user_turn_has_no_turn_to_classify() -> None:
+    tool_step = [*HISTORY, {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    assert turn_and_history(tool_step) is None
+    assert turn_and_history([]) is None
+
+
+def test_a_huge_turn_is_classified_from_its_beginning() -> None:
+    # A megabyte of references and comparatives: the rules read only the first 2,000
+    # characters, so this is as quick as any turn (no pattern runs over the whole text).
+    huge = "write a poem about it " + "it that this more shorter " * 40_000
+    assert len(huge) > 1_000_000
+    assert classify(huge, HISTORY).label in {"task", "follow_up"}
 
 
 # --- the LLM classifier's request and reply ---------------------------------------------------
