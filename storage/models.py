@@ -82,6 +82,10 @@ class Message(Base):
     exchange_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime]
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    # The text full-text search indexes (user and assistant messages only; NULL otherwise).
+    # SQLite: the FTS5 table `messages_fts`, kept in sync by triggers; PostgreSQL: a GIN index
+    # on its tsvector (migration 0004).
+    search_text: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         UniqueConstraint("conversation_pk", "seq", name="uq_messages_conversation_seq"),

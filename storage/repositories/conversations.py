@@ -14,6 +14,7 @@ from storage.errors import ConflictError, StaleConversation
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.rows import columns, utc_row
+from storage.repositories.search import searchable_text
 
 C = CONVERSATIONS
 M = MESSAGES
@@ -96,6 +97,7 @@ def _rows(
             "exchange_id": m.exchange_id,
             "created_at": m.created_at or now,
             "metadata": m.meta,
+            "search_text": searchable_text(m.role, m.content) if m.status == "complete" else None,
         }
         for offset, m in enumerate(messages)
     ]

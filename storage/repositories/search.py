@@ -1,0 +1,154 @@
+"""Full-text search over a user's stored messages, in the database itself.
+
+SQLite: FTS5 with BM25 ranking (`messages_fts`, porter stemming); PostgreSQL: the English
+tsvector of `search_text`, GIN-indexed, ranked with `ts_rank_cd`. Both are kept in sync with the
+messages (migration 0004): an edit or a delete changes what is found at once.
+
+Every search takes the tenant and the user; `conversation_pk` narrows it to one conversation
+(what an anonymous user gets). The query is a set of plain terms (letters and digits only),
+ORed: any of them may match, and the ranking rewards those that match more and rarer ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select, text, tuple_
+
+from storage.models import CONVERSATIONS, MESSAGES
+from storage.repositories.rows import utc_row
+
+M = MESSAGES
+C = CONVERSATIONS
+SEARCHED_ROLES = ("user", "assistant")
+_TERM = re.compile(r"^\w+$")
+
+
+def searchable_text(role: str, content: Any) -> str | None:
+    """What search indexes of a message: the text of a user or assistant message."""
+    if role not in SEARCHED_ROLES:
+        return None
+    if isinstance(content, str):
+        found = content
+    elif isinstance(content, list):
+        found = " ".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    else:
+        found = ""
+    return found or None
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    pk: int
+    conversation_pk: int
+    seq: int
+    score: float  # higher is better; comparable within one search only
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A stored message around a hit, with what recall needs to rank and render it."""
+
+    pk: int
+    conversation_pk: int
+    conversation_id: str
+    seq: int
+    role: str
+    text: str
+    tokens: int
+    created_at: datetime
+
+
+_SQLITE = text(
+    "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts) AS score "
+    "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
+    "WHERE messages_fts MATCH :query AND m.tenant_id = :tenant AND m.user_id = :user "
+    "AND m.status = 'complete' AND (:conversation IS NULL OR m.conversation_pk = :conversation) "
+    "ORDER BY bm25(messages_fts) LIMIT :limit"
+)
+_POSTGRESQL = text(
+    "SELECT m.pk, m.conversation_pk, m.seq, "
+    "ts_rank_cd(to_tsvector('english', coalesce(m.search_text, '')), q) AS score "
+    "FROM messages m, to_tsquery('english', :query) q "
+    "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
+    "AND to_tsvector('english', coalesce(m.search_text, '')) @@ q "
+    "AND (CAST(:conversation AS BIGINT) IS NULL OR m.conversation_pk = :conversation) "
+    "ORDER BY score DESC LIMIT :limit"
+)
+_AROUND = (
+    select(
+        M.c.pk,
+        M.c.conversation_pk,
+        C.c.id.label("conversation_id"),
+        M.c.seq,
+        M.c.role,
+        M.c.search_text.label("text"),
+        M.c.tokens,
+        M.c.created_at,
+    )
+    .join(C, C.c.pk == M.c.conversation_pk)
+    .where(
+        M.c.tenant_id == bindparam("tenant"),
+        M.c.user_id == bindparam("user"),
+        M.c.status == "complete",
+        M.c.search_text.is_not(None),
+    )
+)
+
+
+class MessageSearch:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def search(
+        self,
+        tenant_id: str,
+        user_id: str,
+        terms: Sequence[str],
+        *,
+        limit: int = 50,
+        conversation_pk: int | None = None,
+    ) -> list[Hit]:
+        """The user's messages that match any of `terms`, best first."""
+        words = [t for t in terms if _TERM.match(t)]
+        if not words:
+            return []
+        if self.conn.dialect.name == "postgresql":
+            statement, query = _POSTGRESQL, " | ".join(words)
+        else:
+            statement, query = _SQLITE, " OR ".join(f'"{w}"' for w in words)
+        rows = self.conn.execute(
+            statement,
+            {
+                "query": query,
+                "tenant": tenant_id,
+                "user": user_id,
+                "conversation": conversation_pk,
+                "limit": limit,
+            },
+        )
+        return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
+
+    def around(
+        self, tenant_id: str, user_id: str, hits: Sequence[Hit], radius: int = 1
+    ) -> list[Found]:
+        """The hits' messages and their neighbours (`radius` messages either side, same
+        conversation), in conversation order."""
+        if not hits:
+            return []
+        keys = {
+            (h.conversation_pk, seq)
+            for h in hits
+            for seq in range(h.seq - radius, h.seq + radius + 1)
+        }
+        query = _AROUND.where(tuple_(M.c.conversation_pk, M.c.seq).in_(sorted(keys))).order_by(
+            M.c.conversation_pk, M.c.seq
+        )
+        rows = self.conn.execute(query, {"tenant": tenant_id, "user": user_id})
+        return [Found(**utc_row(r)) for r in rows]

@@ -1,0 +1,124 @@
+"""Full-text search over stored messages, on SQLite (FTS5) and PostgreSQL (tsvector): kept in
+sync with inserts, edits and deletes, and scoped to one tenant's user."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, update
+
+from storage.database import Database
+from storage.models import MESSAGES
+from storage.repositories.conversations import Conversations
+from storage.repositories.search import Hit, MessageSearch, searchable_text
+from tests.storage.test_repositories import msg, new_conversation, partial
+
+
+async def search(db: Database, terms: list[str], **scope: Any) -> list[Hit]:
+    tenant, user = scope.pop("tenant", "t1"), scope.pop("user", "alice")
+    return await db.read(lambda c: MessageSearch(c).search(tenant, user, terms, **scope))
+
+
+async def found_texts(db: Database, terms: list[str], **scope: Any) -> list[str]:
+    hits = await search(db, terms, **scope)
+    tenant, user = scope.get("tenant", "t1"), scope.get("user", "alice")
+    around = await db.read(lambda c: MessageSearch(c).around(tenant, user, hits, radius=0))
+    return sorted(f.text for f in around)
+
+
+async def test_messages_are_found_by_their_words_stemmed_best_first(db: Database) -> None:
+    await new_conversation(
+        db,
+        "c1",
+        [
+            msg("user", "I adopted two cats last spring"),
+            msg("assistant", "Cats are lovely. What are their names?"),
+            msg("user", "Luna and Pixel; Luna loves climbing"),
+            msg("assistant", "Climbing cats need tall trees indoors"),
+        ],
+    )
+    assert await found_texts(db, ["climbing"]) == [
+        "Climbing cats need tall trees indoors",
+        "Luna and Pixel; Luna loves climbing",
+    ]
+    # "cat" finds "cats" (stemming); the message with more matching words ranks first.
+    hits = await search(db, ["cat", "climbing"])
+    assert hits[0].seq == 4
+    assert await search(db, ["zebra"]) == []
+
+
+async def test_search_never_crosses_users_or_tenants(db: Database) -> None:
+    await new_conversation(db, "mine", [msg("user", "my passport number is secret")])
+    await new_conversation(db, "bobs", [msg("user", "bob's passport expired")], user="bob")
+    await new_conversation(db, "other", [msg("user", "passport office hours")], tenant="t2")
+    assert await found_texts(db, ["passport"]) == ["my passport number is secret"]
+    assert await found_texts(db, ["passport"], user="bob") == ["bob's passport expired"]
+    assert await found_texts(db, ["passport"], tenant="t2", user="alice") == [
+        "passport office hours"
+    ]
+
+
+async def test_search_can_be_narrowed_to_one_conversation(db: Database) -> None:
+    first = await new_conversation(db, "c1", [msg("user", "the blue bicycle")])
+    await new_conversation(db, "c2", [msg("user", "the red bicycle")])
+    assert await found_texts(db, ["bicycle"], conversation_pk=first.pk) == ["the blue bicycle"]
+
+
+async def test_deletes_and_edits_reach_the_index(db: Database) -> None:
+    await new_conversation(db, "gone", [msg("user", "remember the gazebo")])
+    await new_conversation(db, "kept", [msg("user", "remember the pergola")])
+    await new_conversation(db, "erased", [msg("user", "a gazebo too")], user="carol")
+    assert await db.write(lambda c: Conversations(c).delete("t1", "gone"))
+    assert await found_texts(db, ["gazebo"]) == []
+    await db.write(lambda c: Conversations(c).delete_user("t1", "carol"))
+    assert await found_texts(db, ["gazebo"], user="carol") == []
+
+    def edit(conn: Connection) -> None:
+        conn.execute(
+            update(MESSAGES)
+            .where(MESSAGES.c.search_text == "remember the pergola")
+            .values(search_text="remember the trellis")
+        )
+
+    await db.write(edit)
+    assert await found_texts(db, ["pergola"]) == []
+    assert await found_texts(db, ["trellis"]) == ["remember the trellis"]
+
+
+async def test_partial_replies_system_and_tool_messages_are_not_searched(db: Database) -> None:
+    conversation = await new_conversation(db, "c1", [msg("system", "you are a walrus")])
+    await db.write(
+        lambda c: Conversations(c).append(
+            conversation, "alice", [partial("walrus facts, cut off")], now=conversation.created_at
+        )
+    )
+    assert await found_texts(db, ["walrus"]) == []
+    assert searchable_text("tool", "walrus") is None
+    assert searchable_text("user", [{"type": "text", "text": "a"}, {"text": None}]) == "a"
+
+
+async def test_hostile_terms_are_ignored_not_executed(db: Database) -> None:
+    await new_conversation(db, "c1", [msg("user", "plain words")])
+    for term in ['" OR 1=1 --', "words*", "NEAR(plain words)", "a|b", "x'); DROP TABLE"]:
+        assert await search(db, [term]) == []
+    assert len(await search(db, ["words", '"; --'])) == 1
+
+
+async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
+    await new_conversation(
+        db,
+        "c1",
+        [
+            msg("user", "one"),
+            msg("assistant", "two"),
+            msg("user", "three oboe"),
+            msg("assistant", "four"),
+        ],
+    )
+    hits = await search(db, ["oboe"])
+    around = await db.read(lambda c: MessageSearch(c).around("t1", "alice", hits))
+    assert [(f.seq, f.text, f.conversation_id) for f in around] == [
+        (2, "two", "c1"),
+        (3, "three oboe", "c1"),
+        (4, "four", "c1"),
+    ]
