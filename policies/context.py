@@ -17,7 +17,7 @@ tenant's budget. The invariants it keeps (each pinned by a test):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from policies.identity import leading_instructions
@@ -51,6 +51,15 @@ class Assembly:
     history_messages: int = 0
     context_tokens: int = 0
     dropped_for_window: int = 0
+    recalled: bool = False  # the recall section went out (not dropped for the window)
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """The recall section: its text and its size as budgeted."""
+
+    text: str
+    tokens: int
 
 
 def _call_ids(message: Message) -> set[Any]:
@@ -114,16 +123,29 @@ def assemble(
     history: Sequence[StoredTurn],
     budget: Budget,
     client_tokens: int | None = None,
+    *,
+    recalled: Recalled | None = None,
+    placement: str = "before_last_user",
 ) -> Assembly:
     """Final messages for the upstream. `client_tokens` (the client's prompt tokens) is needed
-    only when `budget.context_window` is set; pass None to skip the window check."""
+    only when `budget.context_window` is set; pass None to skip the window check.
+
+    `recalled` (sized to fit the budget) takes its share first; history gets the rest. It goes
+    into a system message right before the newest user message (`before_last_user`, which
+    keeps the prompt's prefix stable for providers' prompt caches) or after the client's
+    leading instructions (`after_system`). When the prompt would not fit the window, the
+    recall section goes first, then history from the oldest end."""
     # History goes after the client's leading system/developer messages, before the rest.
     at = leading_instructions(client)
     answers_tool_call = at < len(client) and client[at].get("role") == "tool"
-    turns = select_history(history, budget, answers_tool_call=answers_tool_call)
+    recall_tokens = recalled.tokens if recalled else 0
+    history_budget = replace(budget, token_budget=max(0, budget.token_budget - recall_tokens))
+    turns = select_history(history, history_budget, answers_tool_call=answers_tool_call)
     dropped = 0
     if budget.context_window is not None and client_tokens is not None:
         room = budget.context_window - budget.reserve_tokens - client_tokens - TOKENS_PER_REPLY
+        if recalled is not None and sum(t.tokens for t in turns) + recall_tokens > room:
+            recalled, recall_tokens = None, 0
         keep = 1 if answers_tool_call else 0  # the call a client's tool reply answers stays
         while len(_units(turns)) > keep and sum(t.tokens for t in turns) > room:
             # Drop from the oldest end, keeping tool calls with their replies.
@@ -131,9 +153,19 @@ def assemble(
             dropped += len(units[0])
             turns = [t for unit in units[1:] for t in unit]
     messages = [*client[:at], *(t.message for t in turns), *client[at:]]
+    if recalled is not None:
+        section = {"role": "system", "content": recalled.text}
+        last_user = max(
+            (i for i, m in enumerate(messages) if m.get("role") == "user"), default=None
+        )
+        if placement == "after_system" or last_user is None:
+            messages.insert(at, section)
+        else:
+            messages.insert(last_user, section)
     return Assembly(
         messages=messages,
         history_messages=len(turns),
-        context_tokens=sum(t.tokens for t in turns),
+        context_tokens=sum(t.tokens for t in turns) + recall_tokens,
         dropped_for_window=dropped,
+        recalled=recalled is not None,
     )

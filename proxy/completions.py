@@ -14,17 +14,18 @@ import structlog
 from litestar import Request, Response
 from sqlalchemy import Connection
 
-from policies.context import Assembly, Budget, assemble
+from policies.context import Assembly, Budget, StoredTurn, assemble
 from policies.intent import Intent
 from policies.pricing import ZERO
-from policies.tokens import count_messages, upper_bound_tokens
+from policies.tokens import count_messages, message_text, upper_bound_tokens
 from proxy.access import request_info
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
 from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
 from proxy.intent import LLMIntent
-from proxy.memory import ANONYMOUS, Mode, Outcome, Turn
+from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, now
 from proxy.metrics import InFlight
+from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
@@ -73,11 +74,13 @@ def read_extensions(request: Request[Any, Any, Any], body: dict[str, Any]) -> Ex
     return Extensions(user or ANONYMOUS, conversation_id, mode, key)
 
 
-def memory_headers(turn: Turn | None, assembly: Assembly | None, degraded: bool) -> dict[str, str]:
+def memory_headers(
+    turn: Turn | None, assembly: Assembly | None, degraded: bool, recalled: int = 0
+) -> dict[str, str]:
     headers = {
         "x-memory-context-tokens": str(assembly.context_tokens if assembly else 0),
         "x-memory-history-messages": str(assembly.history_messages if assembly else 0),
-        "x-memory-memories": "0",
+        "x-memory-memories": str(recalled),
         "x-memory-attachments": "0",
         "x-memory-status": "degraded" if degraded else "ok",
     }
@@ -220,6 +223,8 @@ class ChatExchange:
         self.intent: Intent | None = None
         self.llm_intent: asyncio.Task[LLMIntent] | None = None
         self.attached_by_policy: dict[str, Any] | None = None
+        self.recalled_messages = 0
+        self.recall_ms: float | None = None
 
     async def answer(self) -> Response[Any]:
         self.flight = InFlight(self.services.metrics.in_flight)
@@ -283,7 +288,7 @@ class ChatExchange:
             raise
         self.info.upstream_ms = (time.perf_counter() - forwarded) * 1000
 
-        headers = memory_headers(self.turn, self.assembly, self.degraded)
+        headers = memory_headers(self.turn, self.assembly, self.degraded, self.recalled_messages)
         if reply.chunks is not None:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
@@ -332,7 +337,11 @@ class ChatExchange:
             self.degraded = True
             self.services.metrics.degraded.labels(self.principal.tenant_id).inc()
             log.warning("memory_degraded", request_id=self.request_id, error=str(exc))
-        if await self._classify() and self.turn is not None and self.turn.history:
+        use_memory = await self._classify()
+        turn = self.turn
+        history = turn.history if turn is not None and use_memory else []
+        found = await self._recall(history) if use_memory else NOTHING
+        if history or found.section is not None:
             ctx = tenant.context
             window = self.services.context_window(self.model)
             budget = Budget(
@@ -347,15 +356,62 @@ class ChatExchange:
                 client_tokens = upper_bound_tokens(messages)
                 if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
                     client_tokens = await asyncio.to_thread(count_messages, messages, self.model)
-            self.assembly = assemble(messages, self.turn.history, budget, client_tokens)
+            self.assembly = assemble(
+                messages,
+                history,
+                budget,
+                client_tokens,
+                recalled=found.section,
+                placement=ctx.placement,
+            )
         assembly = self.assembly
+        recalled = found if assembly is not None and assembly.recalled else NOTHING
+        self.recalled_messages = recalled.messages
         self.attached = {
             "history_messages": assembly.history_messages if assembly else 0,
             "context_tokens": assembly.context_tokens if assembly else 0,
             "dropped_for_window": assembly.dropped_for_window if assembly else 0,
+            "recalled": recalled.record(),
+            "recall_ms": self.recall_ms,
         }
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
+
+    async def _recall(self, history: list[StoredTurn]) -> Recall:
+        """Stored turns of the user's conversations that match this one, within the recall
+        share of the budget (all of it when there is no recent history to attach)."""
+        turn, ctx = self.turn, self.principal.tenant.context
+        if turn is None or turn.mode == "off" or not ctx.recall or not ctx.token_budget:
+            return NOTHING
+        anonymous = turn.user_id == ANONYMOUS
+        if anonymous and turn.conversation is None:
+            return NOTHING  # no cross-conversation recall for the anonymous user
+        newest = self.sent_messages[-1]
+        if newest.get("role") != "user":
+            return NOTHING
+        share = ctx.recall_share if history else 1.0
+        in_prompt = [message_text(m) for m in [*self.sent_messages, *(h.message for h in history)]]
+        started = time.perf_counter()
+        try:
+            found = await recall(
+                self.services.db,
+                tenant_id=turn.tenant_id,
+                user_id=turn.user_id,
+                text=message_text(newest),
+                exclude=in_prompt,
+                budget_tokens=int(ctx.token_budget * share),
+                candidates=ctx.recall_candidates,
+                now=now(),
+                conversation_pk=turn.conversation.pk if anonymous and turn.conversation else None,
+                hidden=(turn.conversation.pk, turn.visible_before)
+                if turn.conversation is not None and turn.visible_before is not None
+                else None,
+            )
+        except StorageError as exc:  # recall is an addition: without it the request goes on
+            log.warning("recall_failed", request_id=self.request_id, error=str(exc))
+            found = NOTHING
+        self.recall_ms = round((time.perf_counter() - started) * 1000, 3)
+        return found
 
     async def _classify(self) -> bool:
         """The turn's intent: the keyword one (from begin(), where the history is known), and

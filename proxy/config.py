@@ -97,6 +97,13 @@ class ContextSettings(_Strict):
     max_history_messages: int = Field(20, ge=0)
     min_recent_messages: int = Field(6, ge=0)
     placement: Literal["before_last_user", "after_system"] = "before_last_user"
+    # Recall: stored turns of the user's conversations that match this one (full-text search).
+    recall: bool = True
+    # The share of token_budget recall may take when there is recent history to attach too
+    # (all of it when there is none); history gets what recall leaves.
+    recall_share: float = Field(0.5, ge=0, le=1)
+    # Search hits ranked per request.
+    recall_candidates: int = Field(40, ge=1, le=500)
 
 
 class IntentLabel(_Strict):

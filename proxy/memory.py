@@ -76,6 +76,9 @@ class Turn:
     pending: NewExchange | None = None
     # The keyword intent of the newest user turn, once the history it may refer to is known.
     intent: Intent | None = None
+    # Messages of this conversation from this seq on are newer than what this turn may see (a
+    # replay sees the conversation as its original did): recall leaves them out.
+    visible_before: int | None = None
 
     @property
     def conversation_id(self) -> str | None:
@@ -403,6 +406,7 @@ class ConversationMemory:
             )
             dropped = [m.to_openai() for m in tail[cut:]]
             chain_count, chain_hash = rewind(chain_count, chain_hash, hashes, dropped)
+            turn.visible_before = tail[cut].seq if cut < len(tail) else conv.next_seq
             tail = tail[:cut]
         elif chain_count and not continues(chain_count, chain_hash, hashes):
             tail = conversations.tail(turn.tenant_id, conv.pk, window)
@@ -415,6 +419,8 @@ class ConversationMemory:
         new = [] if prior is not None else split.new
         intent = classify([t.message for t in turn.history])
         turn.store_reply = writing and (prior is None or prior.status != "complete")
+        if turn.visible_before is None:
+            turn.visible_before = conv.next_seq  # this turn's own messages come next
         if writing and new:
             hashes = chain_hashes(new, conv.chain_hash)
             rows = _new_messages(new, hashes, count, turn.request_id, intent)

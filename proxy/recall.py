@@ -1,0 +1,79 @@
+"""Recall on the request path: search the user's stored turns (one read), rank and pack them
+(policies/recall.py) into the recall share of the budget."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from policies.context import Recalled
+from policies.recall import Excerpt, Turn, pack, query_terms, rank, recalled_tokens, render
+from storage.database import Database
+from storage.repositories.search import Found, Hit, MessageSearch
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    excerpts: list[Excerpt]
+    section: Recalled | None
+
+    @property
+    def messages(self) -> int:
+        return sum(len(e.turns) for e in self.excerpts)
+
+    def record(self) -> list[dict[str, object]]:
+        """What the exchange record says was recalled."""
+        return [
+            {"message": f"msg_{t.pk}", "conversation_id": t.conversation, "hit": t.pk in e.hits}
+            for e in self.excerpts
+            for t in e.turns
+        ]
+
+
+NOTHING = Recall([], None)
+
+
+async def recall(
+    db: Database,
+    *,
+    tenant_id: str,
+    user_id: str,
+    text: str,
+    exclude: Sequence[str],
+    budget_tokens: int,
+    candidates: int,
+    now: datetime,
+    conversation_pk: int | None = None,
+    hidden: tuple[int, int] | None = None,
+) -> Recall:
+    """Excerpts of the user's stored turns relevant to `text`, within `budget_tokens`.
+    `conversation_pk` keeps the search to one conversation (an anonymous user's); `hidden`
+    (conversation pk, seq) leaves out that conversation's messages from that seq on."""
+    terms = query_terms(text)
+    if not terms or budget_tokens <= 0:
+        return NOTHING
+
+    def work(conn: Connection) -> tuple[list[Hit], list[Found]]:
+        search = MessageSearch(conn)
+        hits = search.search(
+            tenant_id, user_id, terms, limit=candidates, conversation_pk=conversation_pk
+        )
+        return hits, search.around(tenant_id, user_id, hits)
+
+    hits, found = await db.read(work)
+    if hidden is not None:
+        pk, seq = hidden
+        hits = [h for h in hits if not (h.conversation_pk == pk and h.seq >= seq)]
+        found = [f for f in found if not (f.conversation_pk == pk and f.seq >= seq)]
+    turns = [
+        Turn(f.pk, f.conversation_id, f.seq, f.role, f.text, f.tokens, f.created_at) for f in found
+    ]
+    excerpts = pack(
+        rank({h.pk: h.score for h in hits}, turns, now=now, exclude=exclude), budget_tokens
+    )
+    if not excerpts:
+        return NOTHING
+    return Recall(excerpts, Recalled(render(excerpts), recalled_tokens(excerpts)))
