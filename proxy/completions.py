@@ -36,6 +36,8 @@ from storage.repositories.exchanges import Exchanges
 log = structlog.get_logger("memproxy.completions")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MODES: tuple[Mode, ...] = ("full", "read", "off")
+# Recall ranks one search hit per this many tokens of its budget, unless configured.
+TOKENS_PER_CANDIDATE = 40
 # The status a chat completion is counted with when its client left before the answer (nginx's).
 CLIENT_CLOSED = 499
 
@@ -389,7 +391,7 @@ class ChatExchange:
         newest = self.sent_messages[-1]
         if newest.get("role") != "user":
             return NOTHING
-        share = ctx.recall_share if history else 1.0
+        budget = int(ctx.token_budget * (ctx.recall_share if history else 1.0))
         in_prompt = [message_text(m) for m in [*self.sent_messages, *(h.message for h in history)]]
         started = time.perf_counter()
         try:
@@ -399,8 +401,8 @@ class ChatExchange:
                 user_id=turn.user_id,
                 text=message_text(newest),
                 exclude=in_prompt,
-                budget_tokens=int(ctx.token_budget * share),
-                candidates=ctx.recall_candidates,
+                budget_tokens=budget,
+                candidates=ctx.recall_candidates or max(10, budget // TOKENS_PER_CANDIDATE),
                 now=now(),
                 conversation_pk=turn.conversation.pk if anonymous and turn.conversation else None,
                 hidden=(turn.conversation.pk, turn.visible_before)

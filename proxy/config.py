@@ -102,8 +102,9 @@ class ContextSettings(_Strict):
     # The share of token_budget recall may take when there is recent history to attach too
     # (all of it when there is none); history gets what recall leaves.
     recall_share: float = Field(0.5, ge=0, le=1)
-    # Search hits ranked per request.
-    recall_candidates: int = Field(40, ge=1, le=500)
+    # Search hits ranked per request; null: one per 40 tokens of the recall budget (measured
+    # on LoCoMo: fewer starve a large budget, more crowd a small one with weak hits).
+    recall_candidates: int | None = Field(None, ge=1, le=500)
 
 
 class IntentLabel(_Strict):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, text, tuple_
+from sqlalchemy import Connection, bindparam, select, text
 
 from storage.models import CONVERSATIONS, MESSAGES
 from storage.repositories.rows import utc_row
@@ -94,11 +94,14 @@ _AROUND = (
     )
     .join(C, C.c.pk == M.c.conversation_pk)
     .where(
+        M.c.conversation_pk == bindparam("conversation"),
+        M.c.seq.between(bindparam("first"), bindparam("last")),
         M.c.tenant_id == bindparam("tenant"),
         M.c.user_id == bindparam("user"),
         M.c.status == "complete",
         M.c.search_text.is_not(None),
     )
+    .order_by(M.c.seq)
 )
 
 
@@ -142,13 +145,29 @@ class MessageSearch:
         conversation), in conversation order."""
         if not hits:
             return []
-        keys = {
-            (h.conversation_pk, seq)
-            for h in hits
-            for seq in range(h.seq - radius, h.seq + radius + 1)
-        }
-        query = _AROUND.where(tuple_(M.c.conversation_pk, M.c.seq).in_(sorted(keys))).order_by(
-            M.c.conversation_pk, M.c.seq
-        )
-        rows = self.conn.execute(query, {"tenant": tenant_id, "user": user_id})
+        # Ranges of seq per conversation, merged: each an index range on (conversation, seq).
+        ranges: list[tuple[int, int, int]] = []
+        for conversation, first, last in sorted(
+            (h.conversation_pk, h.seq - radius, h.seq + radius) for h in hits
+        ):
+            if ranges and ranges[-1][0] == conversation and first <= ranges[-1][2] + 1:
+                ranges[-1] = (conversation, ranges[-1][1], max(last, ranges[-1][2]))
+            else:
+                ranges.append((conversation, first, last))
+        # One prepared statement per range (an index range each), not one statement with a
+        # different shape every time: the same SQL is compiled and planned once.
+        rows = [
+            row
+            for conversation, first, last in ranges
+            for row in self.conn.execute(
+                _AROUND,
+                {
+                    "tenant": tenant_id,
+                    "user": user_id,
+                    "conversation": conversation,
+                    "first": first,
+                    "last": last,
+                },
+            )
+        ]
         return [Found(**utc_row(r)) for r in rows]

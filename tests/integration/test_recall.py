@@ -1,0 +1,170 @@
+"""Recall through the real server and the official SDK: what a user said in another
+conversation reaches the model when it is relevant, for that user only, within the budget."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.config import Config, ContextSettings, UpstreamConfig
+from tests.conftest import KEY, make_config
+from tests.fakes.openai_upstream import FakeOpenAI
+
+MODEL = "gpt-4o-mini"
+
+
+def ask(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture
+def fake(fake_upstream: tuple[FakeOpenAI, str]) -> FakeOpenAI:
+    return fake_upstream[0]
+
+
+def start(fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, **context: Any) -> str:
+    upstream = UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k")
+    config: Config = make_config(upstream, context=ContextSettings(**context))
+    url: str = serve_proxy(config)
+    return url
+
+
+@pytest.fixture
+async def clients(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> AsyncIterator[tuple[openai.AsyncOpenAI, httpx.AsyncClient]]:
+    base = start(fake_upstream, serve_proxy, token_budget=300)
+    async with (
+        openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http,
+    ):
+        yield sdk, http
+
+
+async def seed(http: httpx.AsyncClient, user: str, conversation: str) -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": "I adopted a beagle puppy last week",
+            "created_at": "2026-03-02T10:00:00Z",
+        },
+        {"role": "assistant", "content": "Congratulations! What did you name the beagle?"},
+        {"role": "user", "content": "We named the beagle Biscuit"},
+        {"role": "assistant", "content": "Biscuit is a great name."},
+        {"role": "user", "content": "Also my sister lives in Lisbon"},
+    ]
+    response = await http.post(
+        "/memory/conversations", json={"id": conversation, "user": user, "messages": messages}
+    )
+    assert response.status_code == 201, response.text
+
+
+def recall_section(request: dict[str, Any]) -> str | None:
+    sections = [
+        m["content"]
+        for m in request["messages"]
+        if m["role"] == "system" and str(m["content"]).startswith("Excerpts from")
+    ]
+    return sections[0] if sections else None
+
+
+async def test_what_the_user_said_elsewhere_reaches_the_model(
+    clients: tuple[openai.AsyncOpenAI, httpx.AsyncClient], fake: FakeOpenAI
+) -> None:
+    sdk, http = clients
+    await seed(http, "alice", "pets")
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=ask("What is my beagle called again?"),
+        extra_headers={"X-Memory-User-Id": "alice"},
+    )
+    sent = fake.chat_requests[-1]
+    section = recall_section(sent)
+    assert section is not None
+    assert "> user: We named the beagle Biscuit" in section
+    assert "[conversation of 2026-03-02" in section  # dated
+    assert "Lisbon" not in section  # not relevant
+    # Placed right before the newest user message, which is the client's, unaltered.
+    assert sent["messages"][-2]["content"] == section
+    assert sent["messages"][-1] == ask("What is my beagle called again?")[0]
+    recalled = int(raw.headers["x-memory-memories"])
+    assert recalled >= 1
+    assert int(raw.headers["x-memory-context-tokens"]) <= 300
+    record = (await http.get(f"/memory/exchanges/{raw.headers['x-request-id']}")).json()
+    assert len(record["attached"]["recalled"]) == recalled
+    assert record["attached"]["recall_ms"] >= 0
+
+
+async def test_recall_never_crosses_users(
+    clients: tuple[openai.AsyncOpenAI, httpx.AsyncClient], fake: FakeOpenAI
+) -> None:
+    sdk, http = clients
+    await seed(http, "alice", "pets")
+    for user in ("bob", "anonymous"):
+        await sdk.chat.completions.create(
+            model=MODEL,
+            messages=ask("What is my beagle called?"),
+            extra_headers={"X-Memory-User-Id": user},
+        )
+        assert recall_section(fake.chat_requests[-1]) is None
+
+
+async def test_the_anonymous_user_recalls_only_within_the_conversation(
+    clients: tuple[openai.AsyncOpenAI, httpx.AsyncClient], fake: FakeOpenAI
+) -> None:
+    sdk, http = clients
+    await seed(http, "anonymous", "anon-pets")
+    headers = {"X-Memory-User-Id": "anonymous"}
+    await sdk.chat.completions.create(
+        model=MODEL, messages=ask("What is my beagle called?"), extra_headers=headers
+    )
+    assert recall_section(fake.chat_requests[-1]) is None  # another conversation: not recalled
+    # In its own conversation, what it said there is attached (as history).
+    thin = {**headers, "X-Memory-Conversation-Id": "anon-pets"}
+    await sdk.chat.completions.create(
+        model=MODEL, messages=ask("What is my beagle called?"), extra_headers=thin
+    )
+    sent = fake.chat_requests[-1]["messages"]
+    assert any("Biscuit" in str(m["content"]) for m in sent)
+
+
+async def test_no_recall_in_mode_off_or_when_turned_off(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI
+) -> None:
+    on = start(fake_upstream, serve_proxy)
+    off = start(fake_upstream, serve_proxy, recall=False)
+    for base, mode, expected in ((on, "off", None), (off, "full", None), (on, "read", "x")):
+        async with (
+            openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk,
+            httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http,
+        ):
+            if base == on and mode == "off":
+                await seed(http, "alice", "pets")
+            if base == off:
+                await seed(http, "alice", "pets-2")
+            await sdk.chat.completions.create(
+                model=MODEL,
+                messages=ask("What is my beagle called?"),
+                extra_headers={"X-Memory-User-Id": "alice", "X-Memory-Mode": mode},
+            )
+        found = recall_section(fake.chat_requests[-1])
+        assert (found is not None) == (expected is not None), (base, mode)
+
+
+async def test_recall_and_history_share_the_budget(
+    clients: tuple[openai.AsyncOpenAI, httpx.AsyncClient], fake: FakeOpenAI
+) -> None:
+    sdk, http = clients
+    await seed(http, "alice", "pets")
+    thin = {"X-Memory-User-Id": "alice", "X-Memory-Conversation-Id": "chat-2"}
+    for text in ("tell me about beagles " * 8, "how much exercise does a beagle need? " * 5):
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=ask(text), extra_headers=thin
+        )
+        # History plus recall never exceed the tenant's budget (300 tokens here).
+        assert int(raw.headers["x-memory-context-tokens"]) <= 300
+    assert int(raw.headers["x-memory-history-messages"]) >= 1
