@@ -255,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     samples = json.loads(args.data.read_text())
     fake = FakeOpenAI()
     figures: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="memproxy-locomo-") as tmp, ServerThread(
-        fake
-    ) as upstream:
+    with (
+        tempfile.TemporaryDirectory(prefix="memproxy-locomo-") as tmp,
+        ServerThread(fake) as upstream,
+    ):
         server = ServerThread(create_app(config(upstream.url + "/v1", Path(tmp) / "m.db")))
         with server as proxy, httpx.Client(base_url=proxy.url, timeout=120) as http:
             started = time.monotonic()

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 # Words that say nothing about what to look for.
-_STOPWORDS = (
-    """a about above after again against all also am an and any are aren't as at be because
+_STOPWORDS = """a about above after again against all also am an and any are aren't as at be because
     been before being below between both but by can can't could couldn't did didn't do does
     doesn't doing don't down during each few for from further had hadn't has hasn't have
     haven't having he he'd he'll he's her here here's hers herself him himself his how how's i
@@ -39,7 +38,6 @@ _STOPWORDS = (
     yourself yourselves yes yeah ok okay hey hi hello please thanks thank really get got go
     going gone think thought want wanted way well much many one ever still something thing
     things"""
-)
 STOPWORDS = frozenset(_STOPWORDS.split())
 _WORD = re.compile(r"[^\W_]+")
 # Rendering costs beyond the messages' own tokens (counted with their chat framing): the
