@@ -86,6 +86,9 @@ class Message(Base):
     # SQLite: the FTS5 table `messages_fts`, kept in sync by triggers; PostgreSQL: a GIN index
     # on its tsvector (migration 0004).
     search_text: Mapped[str | None] = mapped_column(Text)
+    # One token naming the (tenant, user) the message belongs to, indexed beside the text on
+    # SQLite, so a search reads only that user's postings (storage/repositories/search.py).
+    search_scope: Mapped[str | None] = mapped_column(String(24))
 
     __table_args__ = (
         UniqueConstraint("conversation_pk", "seq", name="uq_messages_conversation_seq"),

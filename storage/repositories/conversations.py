@@ -14,7 +14,7 @@ from storage.errors import ConflictError, StaleConversation
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.rows import columns, utc_row
-from storage.repositories.search import searchable_text
+from storage.repositories.search import scope_token, searchable_text
 
 C = CONVERSATIONS
 M = MESSAGES
@@ -97,10 +97,16 @@ def _rows(
             "exchange_id": m.exchange_id,
             "created_at": m.created_at or now,
             "metadata": m.meta,
-            "search_text": searchable_text(m.role, m.content) if m.status == "complete" else None,
+            **_searchable(conversation.tenant_id, user_id, m),
         }
         for offset, m in enumerate(messages)
     ]
+
+
+def _searchable(tenant_id: str, user_id: str, message: NewMessage) -> dict[str, Any]:
+    text = searchable_text(message.role, message.content) if message.status == "complete" else None
+    scope = scope_token(tenant_id, user_id) if text is not None else None
+    return {"search_text": text, "search_scope": scope}
 
 
 def _conversation(row: Any) -> ConversationRecord:

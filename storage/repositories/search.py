@@ -11,6 +11,7 @@ ORed: any of them may match, and the ranking rewards those that match more and r
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,13 @@ M = MESSAGES
 C = CONVERSATIONS
 SEARCHED_ROLES = ("user", "assistant")
 _TERM = re.compile(r"^\w+$")
+
+
+def scope_token(tenant_id: str, user_id: str) -> str:
+    """The token that names a tenant's user in the search index (64 bits of a hash: results
+    are checked against the real tenant and user too, so a collision could only hide hits)."""
+    digest = hashlib.blake2b(f"{tenant_id}\x00{user_id}".encode(), digest_size=8).hexdigest()
+    return "u" + digest
 
 
 def searchable_text(role: str, content: Any) -> str | None:
@@ -65,12 +73,22 @@ class Found:
     created_at: datetime
 
 
+# The query names the user's scope token, so only their postings are read and ranked; the
+# best are then checked against the real tenant and user (and conversation, for anonymous).
 _SQLITE = text(
-    "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts) AS score "
+    "SELECT m.pk, m.conversation_pk, m.seq, f.score FROM ("
+    "SELECT rowid AS pk, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
+    "WHERE messages_fts MATCH :query ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
+    ") f JOIN messages m ON m.pk = f.pk "
+    "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
+    "ORDER BY f.score DESC"
+)
+_SQLITE_IN_CONVERSATION = text(
+    "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
     "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
     "WHERE messages_fts MATCH :query AND m.tenant_id = :tenant AND m.user_id = :user "
-    "AND m.status = 'complete' AND (:conversation IS NULL OR m.conversation_pk = :conversation) "
-    "ORDER BY bm25(messages_fts) LIMIT :limit"
+    "AND m.status = 'complete' AND m.conversation_pk = :conversation "
+    "ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
 )
 _POSTGRESQL = text(
     "SELECT m.pk, m.conversation_pk, m.seq, "
@@ -125,7 +143,11 @@ class MessageSearch:
         if self.conn.dialect.name == "postgresql":
             statement, query = _POSTGRESQL, " | ".join(words)
         else:
-            statement, query = _SQLITE, " OR ".join(f'"{w}"' for w in words)
+            statement = _SQLITE if conversation_pk is None else _SQLITE_IN_CONVERSATION
+            terms_query = " OR ".join(f'"{w}"' for w in words)
+            scope = scope_token(tenant_id, user_id)
+            query = f'search_scope : "{scope}" AND search_text : ({terms_query})'
+
         rows = self.conn.execute(
             statement,
             {
