@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
+from policies.tokens import count_message
 from proxy.app import create_app
 from proxy.config import (
     Config,
@@ -140,6 +141,9 @@ def ask(
     response.raise_for_status()
     sent = fake.chat_requests[-1]["messages"]
     fake.requests.clear()
+    added = sum(count_message(m) for m in sent if m.get("role") == "system")
+    if added > int(response.headers["x-memory-context-tokens"]) or added > max(BUDGETS):
+        raise SystemExit(f"budget rule broken: {added} tokens sent for {question!r}")
     prompt = "\n".join(" ".join(str(m.get("content") or "").split()) for m in sent)
     record = http.get(
         f"/v1/memory/exchanges/{response.headers['x-request-id']}",
@@ -148,11 +152,17 @@ def ask(
     return prompt, int(response.headers["x-memory-context-tokens"]), record["attached"]["recall_ms"]
 
 
+GROUPS = {
+    "tune": (("tuned (1-3)", TUNED),),
+    "all": (("tuned (1-3)", TUNED), ("validation (4-5)", (4, 5))),
+}
+
+
 def evaluate(
-    http: httpx.Client, fake: FakeOpenAI, samples: list[dict[str, Any]], budget: int
+    http: httpx.Client, fake: FakeOpenAI, samples: list[dict[str, Any]], budget: int, split: str
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for group, members in (("tuned (1-3)", TUNED), ("validation (4-5)", (4, 5))):
+    for group, members in GROUPS[split]:
         rows = []
         for index in members:
             sample = samples[index - 1]
@@ -249,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--quick", action="store_true", help="skip the 10x latency run")
+    parser.add_argument(
+        "--split",
+        choices=["tune", "all"],
+        default="all",
+        help="tune: conversations 1-3 only (what tuning may look at)",
+    )
     args = parser.parse_args(argv)
     prepare_offline_environment()
     configure_logging("warning", "console")
@@ -267,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 for index, sample in enumerate(samples, 1):
                     import_user(http, sample, f"locomo-{index}", f"b{budget}-locomo-{index}")
             print(f"imported in {time.monotonic() - started:.1f} s", file=sys.stderr)
-            results = {b: evaluate(http, fake, samples, b) for b in BUDGETS}
+            results = {b: evaluate(http, fake, samples, b, args.split) for b in BUDGETS}
             figures["evidence"] = results
             print(table(results))
             for budget in BUDGETS:

@@ -118,6 +118,22 @@ def select_history(
     return [turn for unit in reversed(chosen) for turn in unit]
 
 
+def history_for(
+    client: Sequence[Message], history: Sequence[StoredTurn], budget: Budget
+) -> list[StoredTurn]:
+    """The stored history `assemble` would attach with this budget (before the window)."""
+    at = leading_instructions(client)
+    answers_tool_call = at < len(client) and client[at].get("role") == "tool"
+    return select_history(history, budget, answers_tool_call=answers_tool_call)
+
+
+def mandatory_tokens(history: Sequence[StoredTurn], budget: Budget) -> int:
+    """Tokens of the newest `min_recent_messages` stored messages: attached over any budget,
+    so the most that may be left for anything else is the budget less these."""
+    recent = history[-budget.min_recent_messages :] if budget.min_recent_messages else []
+    return sum(t.tokens for t in recent)
+
+
 def assemble(
     client: Sequence[Message],
     history: Sequence[StoredTurn],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -14,7 +14,14 @@ import structlog
 from litestar import Request, Response
 from sqlalchemy import Connection
 
-from policies.context import Assembly, Budget, StoredTurn, assemble
+from policies.context import (
+    Assembly,
+    Budget,
+    StoredTurn,
+    assemble,
+    history_for,
+    mandatory_tokens,
+)
 from policies.intent import Intent
 from policies.pricing import ZERO
 from policies.tokens import count_messages, message_text, upper_bound_tokens
@@ -32,12 +39,14 @@ from proxy.state import AppState
 from storage.errors import StorageError
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.search import searchable_text
 
 log = structlog.get_logger("memproxy.completions")
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MODES: tuple[Mode, ...] = ("full", "read", "off")
 # Recall ranks one search hit per this many tokens of its budget, unless configured.
 TOKENS_PER_CANDIDATE = 40
+MAX_CANDIDATES = 500
 # The status a chat completion is counted with when its client left before the answer (nginx's).
 CLIENT_CLOSED = 499
 
@@ -341,18 +350,32 @@ class ChatExchange:
             log.warning("memory_degraded", request_id=self.request_id, error=str(exc))
         use_memory = await self._classify()
         turn = self.turn
+        ctx = tenant.context
+        window = self.services.context_window(self.model)
+        budget = Budget(
+            token_budget=ctx.token_budget,
+            max_history_messages=ctx.max_history_messages,
+            min_recent_messages=ctx.min_recent_messages,
+            context_window=window,
+            reserve_tokens=_reserve(self.body),
+        )
         history = turn.history if turn is not None and use_memory else []
-        found = await self._recall(history) if use_memory else NOTHING
-        if history or found.section is not None:
-            ctx = tenant.context
-            window = self.services.context_window(self.model)
-            budget = Budget(
-                token_budget=ctx.token_budget,
-                max_history_messages=ctx.max_history_messages,
-                min_recent_messages=ctx.min_recent_messages,
-                context_window=window,
-                reserve_tokens=_reserve(self.body),
+        # Recall's share comes off the top, but never out of the newest messages that are
+        # kept whatever the budget; history is chosen for what recall leaves, and recall
+        # leaves out what history attaches.
+        recall_budget = ctx.token_budget
+        if history:
+            recall_budget = min(
+                int(ctx.token_budget * ctx.recall_share),
+                ctx.token_budget - mandatory_tokens(history, budget),
             )
+            history = history_for(
+                messages,
+                history,
+                replace(budget, token_budget=ctx.token_budget - max(0, recall_budget)),
+            )
+        found = await self._recall(history, recall_budget) if use_memory else NOTHING
+        if history or found.section is not None:
             client_tokens = None
             if window is not None:
                 client_tokens = upper_bound_tokens(messages)
@@ -379,11 +402,11 @@ class ChatExchange:
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
 
-    async def _recall(self, history: list[StoredTurn]) -> Recall:
-        """Stored turns of the user's conversations that match this one, within the recall
-        share of the budget (all of it when there is no recent history to attach)."""
+    async def _recall(self, history: list[StoredTurn], budget: int) -> Recall:
+        """Stored turns of the user's conversations that match this one, within `budget`
+        tokens, leaving out what the prompt holds (the client's messages, `history`)."""
         turn, ctx = self.turn, self.principal.tenant.context
-        if turn is None or turn.mode == "off" or not ctx.recall or not ctx.token_budget:
+        if turn is None or turn.mode == "off" or not ctx.recall or budget <= 0:
             return NOTHING
         anonymous = turn.user_id == ANONYMOUS
         if anonymous and turn.conversation is None:
@@ -391,8 +414,10 @@ class ChatExchange:
         newest = self.sent_messages[-1]
         if newest.get("role") != "user":
             return NOTHING
-        budget = int(ctx.token_budget * (ctx.recall_share if history else 1.0))
-        in_prompt = [message_text(m) for m in [*self.sent_messages, *(h.message for h in history)]]
+        in_prompt = [
+            searchable_text(str(m.get("role")), m.get("content")) or ""
+            for m in [*self.sent_messages, *(h.message for h in history)]
+        ]
         started = time.perf_counter()
         try:
             found = await recall(
@@ -402,7 +427,8 @@ class ChatExchange:
                 text=message_text(newest),
                 exclude=in_prompt,
                 budget_tokens=budget,
-                candidates=ctx.recall_candidates or max(10, budget // TOKENS_PER_CANDIDATE),
+                candidates=ctx.recall_candidates
+                or min(MAX_CANDIDATES, max(10, budget // TOKENS_PER_CANDIDATE)),
                 now=now(),
                 conversation_pk=turn.conversation.pk if anonymous and turn.conversation else None,
                 hidden=(turn.conversation.pk, turn.visible_before)

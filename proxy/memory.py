@@ -406,7 +406,11 @@ class ConversationMemory:
             )
             dropped = [m.to_openai() for m in tail[cut:]]
             chain_count, chain_hash = rewind(chain_count, chain_hash, hashes, dropped)
-            turn.visible_before = tail[cut].seq if cut < len(tail) else conv.next_seq
+            # What the original stored, and everything after it, is hidden from recall too,
+            # however far back it now is.
+            turn.visible_before = conversations.first_seq_of_exchange(
+                turn.tenant_id, conv.pk, prior.request_id
+            )
             tail = tail[:cut]
         elif chain_count and not continues(chain_count, chain_hash, hashes):
             tail = conversations.tail(turn.tenant_id, conv.pk, window)

@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from policies.context import Recalled
-from policies.recall import Excerpt, Turn, pack, query_terms, rank, recalled_tokens, render
+from policies.recall import Excerpt, Turn, fit, pack, query_terms, rank
 from storage.database import Database
 from storage.repositories.search import Found, Hit, MessageSearch
 
@@ -61,7 +61,7 @@ async def recall(
         hits = search.search(
             tenant_id, user_id, terms, limit=candidates, conversation_pk=conversation_pk
         )
-        return hits, search.around(tenant_id, user_id, hits)
+        return hits, search.around(tenant_id, user_id, hits, max_tokens=budget_tokens)
 
     hits, found = await db.read(work)
     if hidden is not None:
@@ -71,9 +71,8 @@ async def recall(
     turns = [
         Turn(f.pk, f.conversation_id, f.seq, f.role, f.text, f.tokens, f.created_at) for f in found
     ]
-    excerpts = pack(
-        rank({h.pk: h.score for h in hits}, turns, now=now, exclude=exclude), budget_tokens
-    )
+    ranked = rank({h.pk: h.score for h in hits}, turns, now=now, exclude=exclude)
+    excerpts, text, tokens = fit(pack(ranked, budget_tokens), budget_tokens)
     if not excerpts:
         return NOTHING
-    return Recall(excerpts, Recalled(render(excerpts), recalled_tokens(excerpts)))
+    return Recall(excerpts, Recalled(text, tokens))

@@ -317,6 +317,20 @@ class Conversations:
         self.conn.execute(delete(C).where(C.c.tenant_id == tenant_id, C.c.pk == found.pk))
         return True
 
+    def first_seq_of_exchange(
+        self, tenant_id: str, conversation_pk: int, exchange_id: str
+    ) -> int | None:
+        """Where the messages an exchange stored begin in a conversation (None: it stored
+        none there)."""
+        found = self.conn.execute(
+            select(func.min(M.c.seq)).where(
+                M.c.tenant_id == tenant_id,
+                M.c.exchange_id == exchange_id,
+                M.c.conversation_pk == conversation_pk,
+            )
+        ).scalar()
+        return int(found) if found is not None else None
+
     def set_turn_meta(self, tenant_id: str, exchange_id: str, key: str, value: Any) -> bool:
         """Set `key` in the metadata of the last user message an exchange stored (e.g. its
         intent, known only after the fact). False if it stored none (or it is gone)."""

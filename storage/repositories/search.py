@@ -118,6 +118,7 @@ _AROUND = (
         M.c.user_id == bindparam("user"),
         M.c.status == "complete",
         M.c.search_text.is_not(None),
+        M.c.tokens <= bindparam("max_tokens"),
     )
     .order_by(M.c.seq)
 )
@@ -161,10 +162,16 @@ class MessageSearch:
         return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
 
     def around(
-        self, tenant_id: str, user_id: str, hits: Sequence[Hit], radius: int = 1
+        self,
+        tenant_id: str,
+        user_id: str,
+        hits: Sequence[Hit],
+        radius: int = 1,
+        *,
+        max_tokens: int = 2**31 - 1,
     ) -> list[Found]:
         """The hits' messages and their neighbours (`radius` messages either side, same
-        conversation), in conversation order."""
+        conversation), in conversation order; none larger than `max_tokens`."""
         if not hits:
             return []
         # Ranges of seq per conversation, merged: each an index range on (conversation, seq).
@@ -189,6 +196,7 @@ class MessageSearch:
                     "conversation": conversation,
                     "first": first,
                     "last": last,
+                    "max_tokens": max_tokens,
                 },
             )
         ]

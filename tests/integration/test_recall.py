@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from policies.tokens import count_message
 from proxy.config import Config, ContextSettings, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -168,3 +169,43 @@ async def test_recall_and_history_share_the_budget(
         # History plus recall never exceed the tenant's budget (300 tokens here).
         assert int(raw.headers["x-memory-context-tokens"]) <= 300
     assert int(raw.headers["x-memory-history-messages"]) >= 1
+
+
+async def test_what_recall_adds_is_counted_as_sent_and_never_eats_the_newest_messages(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI
+) -> None:
+    base = start(fake_upstream, serve_proxy, token_budget=300, min_recent_messages=4)
+    thin = {"X-Memory-User-Id": "alice", "X-Memory-Conversation-Id": "long"}
+    async with (
+        openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http,
+    ):
+        await seed(http, "alice", "pets")
+        # Four stored messages of about 90 tokens each: they are kept whatever the budget,
+        # and they alone take more than it, so nothing is left for recall.
+        long = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"beagle {i} " + "la " * 85}
+            for i in range(4)
+        ]
+        created = await http.post(
+            "/memory/conversations", json={"id": "long", "user": "alice", "messages": long}
+        )
+        assert created.status_code == 201
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=ask("what is my beagle called?"), extra_headers=thin
+        )
+        sent = fake.chat_requests[-1]
+        assert recall_section(sent) is None
+        assert raw.headers["x-memory-history-messages"] == "4"
+        # With room to spare, the recall section as sent (tiktoken's count) fits the budget.
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=ask("what is my beagle called?"),
+            extra_headers={"X-Memory-User-Id": "alice"},
+        )
+        section = recall_section(fake.chat_requests[-1])
+        assert section is not None
+        assert count_message({"role": "system", "content": section}) <= 300
+        assert int(raw.headers["x-memory-context-tokens"]) == count_message(
+            {"role": "system", "content": section}
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from policies.context import Budget, Recalled, assemble
-from policies.recall import Turn, pack, query_terms, rank, recalled_tokens, render
+from policies.recall import Turn, fit, pack, query_terms, rank, recalled_tokens, render
 from policies.tokens import count_message, count_text
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -70,15 +70,32 @@ def test_packing_keeps_to_the_budget_as_rendered_and_in_time_order() -> None:
         for i in range(1, 30)
     ]
     excerpts = rank({t.pk: float(i + 1) for i, t in enumerate(long_ago)}, long_ago, now=NOW)
-    for budget in (150, 400, 2000):
+    for budget in (200, 400, 2000):
         chosen = pack(excerpts, budget)
-        assert recalled_tokens(chosen) <= budget
+        assert chosen and recalled_tokens(chosen) <= budget
         text = render(chosen)
         # The budget is in tiktoken's count of what is actually sent.
         assert count_text(text) + 3 <= recalled_tokens(chosen) <= budget
         dates = [e.turns[0].created_at for e in chosen]
         assert dates == sorted(dates)
     assert pack(excerpts, 50) == []
+
+
+def test_interleaved_conversations_render_under_one_heading_each_within_the_estimate() -> None:
+    turns = [
+        turn(200 + i, i, f"note {i} about llamas", conversation="ab"[i % 2], days_ago=30 - i)
+        for i in range(1, 13)
+    ]
+    excerpts = rank({t.pk: 1.0 for t in turns}, turns, now=NOW, radius=0)
+    text = render(pack(excerpts, 2000))
+    assert text.count("[conversation of") == 2
+    assert text.endswith("(End of excerpts.)")
+    # A later day is noted where an excerpt starts on one; `fit` holds the budget exactly.
+    assert "> ... [2026-05-" in text
+    for budget in (150, 250, 330):
+        chosen, fitted, tokens = fit(pack(excerpts, budget), budget)
+        assert tokens == count_text(fitted) + 3 <= budget
+        assert chosen
 
 
 def test_a_window_too_big_for_the_room_left_goes_as_its_hit_alone() -> None:
