@@ -185,10 +185,14 @@ def _day(when: datetime) -> str:
     return when.strftime("%Y-%m-%d (%A)")
 
 
-def render(excerpts: Sequence[Excerpt]) -> str:
-    """The recall section's text: per conversation, a dated heading and its excerpts quoted,
-    a later day noted where an excerpt starts on one; then an end marker."""
+def render(excerpts: Sequence[Excerpt], memories: Sequence[str] = ()) -> str:
+    """The recall section's text: the user's pinned memories, then per conversation a dated
+    heading and its excerpts quoted, a later day noted where an excerpt starts on one; then an
+    end marker."""
     blocks = [HEADER]
+    if memories:
+        facts = "\n".join(f"> - {' '.join(m.split())}" for m in memories)
+        blocks.append(f"[what the user asked to be remembered]\n{facts}")
     current: str | None = None
     day = ""
     for excerpt in in_order(excerpts):
@@ -215,18 +219,24 @@ def render(excerpts: Sequence[Excerpt]) -> str:
     return "\n\n".join(blocks)
 
 
-def fit(excerpts: Sequence[Excerpt], budget_tokens: int) -> tuple[list[Excerpt], str, int]:
-    """(excerpts, rendered text, its tokens as a system message) within `budget_tokens` by
-    tiktoken's count of what is sent: `pack`'s estimates decide, this makes sure (dropping the
-    least valuable excerpt until it fits; the estimates are rarely off)."""
-    chosen = list(excerpts)
-    while chosen:
-        text = render(chosen)
+def fit(
+    excerpts: Sequence[Excerpt], budget_tokens: int, memories: Sequence[str] = ()
+) -> tuple[list[Excerpt], list[str], str, int]:
+    """(excerpts, memories, rendered text, its tokens as a system message) within
+    `budget_tokens` by tiktoken's count of what is sent: `pack`'s estimates decide, this makes
+    sure, dropping the least valuable excerpt until it fits (the estimates are rarely off),
+    and pinned memories, which come first, only when they alone do not fit."""
+    chosen, kept = list(excerpts), list(memories)
+    while chosen or kept:
+        text = render(chosen, kept)
         tokens = count_message({"role": "system", "content": text})
         if tokens <= budget_tokens:
-            return chosen, text, tokens
-        chosen.remove(min(chosen, key=lambda e: e.value))
-    return [], "", 0
+            return chosen, kept, text, tokens
+        if chosen:
+            chosen.remove(min(chosen, key=lambda e: e.value))
+        else:
+            kept.pop()
+    return [], [], "", 0
 
 
 def recalled_tokens(excerpts: Sequence[Excerpt]) -> int:

@@ -30,7 +30,7 @@ from proxy.memory import ConversationMemory, now
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
 from proxy.routes import limits as limits_routes
-from proxy.routes import memory, openai, ops, usage
+from proxy.routes import memories, memory, openai, ops, usage
 from proxy.state import AppState, build_upstream, new_http_client
 from proxy.upstream.litellm import LiteLLMUpstream
 from storage import migrate
@@ -131,6 +131,7 @@ def create_app(config: Config) -> Litestar:
             openai.list_models,
             openai.passthrough,
             *memory.ROUTES,
+            *memories.ROUTES,
             *usage.ROUTES,
             limits_routes.get_limits,
             ops.healthz,

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import Connection
 
 from policies.context import Recalled
 from policies.recall import Excerpt, Turn, fit, pack, query_terms, rank
+from policies.tokens import count_text
 from storage.database import Database
+from storage.records import MemoryRecord
+from storage.repositories.memories import Memories
 from storage.repositories.search import Found, Hit, MessageSearch
 
 
@@ -19,18 +22,21 @@ from storage.repositories.search import Found, Hit, MessageSearch
 class Recall:
     excerpts: list[Excerpt]
     section: Recalled | None
+    memories: list[str] = field(default_factory=list)  # ids of the pinned memories attached
 
     @property
     def messages(self) -> int:
-        return sum(len(e.turns) for e in self.excerpts)
+        """Recalled turns and memories (what `x-memory-memories` counts)."""
+        return sum(len(e.turns) for e in self.excerpts) + len(self.memories)
 
     def record(self) -> list[dict[str, object]]:
         """What the exchange record says was recalled."""
-        return [
+        turns: list[dict[str, object]] = [
             {"message": f"msg_{t.pk}", "conversation_id": t.conversation, "hit": t.pk in e.hits}
             for e in self.excerpts
             for t in e.turns
         ]
+        return turns + [{"memory": memory_id, "pinned": True} for memory_id in self.memories]
 
 
 NOTHING = Recall([], None)
@@ -53,17 +59,21 @@ async def recall(
     `conversation_pk` keeps the search to one conversation (an anonymous user's); `hidden`
     (conversation pk, seq) leaves out that conversation's messages from that seq on."""
     terms = query_terms(text)
-    if not terms or budget_tokens <= 0:
+    if budget_tokens <= 0:
         return NOTHING
+    with_memories = conversation_pk is None  # not for the anonymous user
 
-    def work(conn: Connection) -> tuple[list[Hit], list[Found]]:
+    def work(conn: Connection) -> tuple[list[Hit], list[Found], list[MemoryRecord]]:
+        pinned = Memories(conn).pinned(tenant_id, user_id) if with_memories else []
+        if not terms:
+            return [], [], pinned
         search = MessageSearch(conn)
         hits = search.search(
             tenant_id, user_id, terms, limit=candidates, conversation_pk=conversation_pk
         )
-        return hits, search.around(tenant_id, user_id, hits, max_tokens=budget_tokens)
+        return hits, search.around(tenant_id, user_id, hits, max_tokens=budget_tokens), pinned
 
-    hits, found = await db.read(work)
+    hits, found, pinned = await db.read(work)
     if hidden is not None:
         pk, seq = hidden
         hits = [h for h in hits if not (h.conversation_pk == pk and h.seq >= seq)]
@@ -72,7 +82,9 @@ async def recall(
         Turn(f.pk, f.conversation_id, f.seq, f.role, f.text, f.tokens, f.created_at) for f in found
     ]
     ranked = rank({h.pk: h.score for h in hits}, turns, now=now, exclude=exclude)
-    excerpts, text, tokens = fit(pack(ranked, budget_tokens), budget_tokens)
-    if not excerpts:
+    facts = [m.text for m in pinned]
+    room = budget_tokens - (count_text("\n".join(facts)) + 10 * len(facts) if facts else 0)
+    excerpts, kept, text, tokens = fit(pack(ranked, room), budget_tokens, facts)
+    if not excerpts and not kept:
         return NOTHING
-    return Recall(excerpts, Recalled(text, tokens))
+    return Recall(excerpts, Recalled(text, tokens), [m.id for m in pinned[: len(kept)]])

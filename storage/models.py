@@ -158,6 +158,32 @@ class Exchange(Base):
     )
 
 
+class Memory(Base):
+    """A fact or preference about a user, curated: created through the API (and, later, by
+    extraction from conversations), pinned to be attached to every turn, corrected, deleted."""
+
+    __tablename__ = "memories"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64))  # the client-visible id, unique per tenant
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32), default="fact")
+    text: Mapped[str] = mapped_column(Text)
+    source_exchange_id: Mapped[str | None] = mapped_column(String(64))
+    confidence: Mapped[float | None] = mapped_column(Float)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    access_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    last_used_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "id", name="uq_memories_tenant_id"),
+        Index("ix_memories_user", "tenant_id", "user_id", "pinned"),
+    )
+
+
 class UsageCounter(Base):
     """Requests, tokens and spend of a tenant in one window (a minute, a UTC day or month):
     the shared totals that replicas reconcile their local limit counters against."""
@@ -177,3 +203,4 @@ CONVERSATIONS = cast(Table, Conversation.__table__)
 MESSAGES = cast(Table, Message.__table__)
 EXCHANGES = cast(Table, Exchange.__table__)
 USAGE_COUNTERS = cast(Table, UsageCounter.__table__)
+MEMORIES = cast(Table, Memory.__table__)

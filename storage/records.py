@@ -131,3 +131,20 @@ class UsageTotals:
     cost_memory_usd: float
     # Exchanges with usage but no price: their upstream cost is not in the sum.
     unpriced_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    pk: int
+    id: str
+    tenant_id: str
+    user_id: str
+    kind: str
+    text: str
+    source_exchange_id: str | None
+    confidence: float | None
+    pinned: bool
+    access_count: int
+    created_at: datetime
+    updated_at: datetime
+    last_used_at: datetime | None

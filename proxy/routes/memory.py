@@ -24,6 +24,7 @@ from proxy.state import AppState
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
 from storage.repositories.conversations import Conversations
+from storage.repositories.memories import Memories
 
 MANAGE = {"scope": "manage"}
 MAX_PAGE = 100
@@ -70,7 +71,7 @@ def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     }
 
 
-def _limit(request: Request[Any, Any, Any], default: int = 20) -> int:
+def limit_param(request: Request[Any, Any, Any], default: int = 20) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return default
@@ -111,7 +112,7 @@ async def list_conversations(
     user = request.query_params.get("user")
     if user is not None:
         user_param(user)
-    limit = _limit(request)
+    limit = limit_param(request)
     after = request.query_params.get("after")
 
     def work(conn: Connection) -> list[ConversationRecord]:
@@ -258,7 +259,7 @@ async def list_messages(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    limit = _limit(request, default=100)
+    limit = limit_param(request, default=100)
     after = request.query_params.get("after")
 
     def work(conn: Connection) -> list[MessageRecord]:
@@ -319,9 +320,12 @@ async def delete_user(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     user_param(user_id, "user_id")
-    counts = await services.db.write(
-        lambda conn: Conversations(conn).delete_user(principal.tenant_id, user_id)
-    )
+
+    def work(conn: Connection) -> dict[str, int]:
+        counts = Conversations(conn).delete_user(principal.tenant_id, user_id)
+        return {**counts, "memories": Memories(conn).delete_user(principal.tenant_id, user_id)}
+
+    counts = await services.db.write(work)
     return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
 
 

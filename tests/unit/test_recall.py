@@ -93,9 +93,20 @@ def test_interleaved_conversations_render_under_one_heading_each_within_the_esti
     # A later day is noted where an excerpt starts on one; `fit` holds the budget exactly.
     assert "> ... [2026-05-" in text
     for budget in (150, 250, 330):
-        chosen, fitted, tokens = fit(pack(excerpts, budget), budget)
+        chosen, _, fitted, tokens = fit(pack(excerpts, budget), budget)
         assert tokens == count_text(fitted) + 3 <= budget
         assert chosen
+
+
+def test_pinned_memories_come_first_and_go_last() -> None:
+    excerpts = rank({3: 5.0}, DIALOGUE, now=NOW)
+    facts = ["Prefers metric units", "Is allergic to peanuts"]
+    chosen, kept, text, _ = fit(excerpts, 2000, facts)
+    assert kept == facts and chosen
+    assert text.index("allergic to peanuts") < text.index("Biscuit")
+    # Short of room, the excerpts go before the memories do.
+    chosen, kept, text, tokens = fit(excerpts, 110, facts)
+    assert (chosen, kept) == ([], facts) and tokens <= 110
 
 
 def test_a_window_too_big_for_the_room_left_goes_as_its_hit_alone() -> None:

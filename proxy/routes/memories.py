@@ -1,0 +1,188 @@
+"""`/v1/memory/memories`: the facts and preferences kept about a user, which they can list,
+search, create, correct, pin and delete. Scope `manage`, tenant-scoped; another tenant's id is
+404 like an unknown one. Pinned memories are attached to every turn of their user."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from litestar import Request, Response, delete, get, patch, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
+from sqlalchemy import Connection
+
+from policies.recall import query_terms
+from proxy.auth import Principal
+from proxy.errors import BadRequest, NotFound
+from proxy.memory import now
+from proxy.requests import parse_json_object
+from proxy.responses import json_response
+from proxy.routes.memory import MANAGE, limit_param, page, user_param
+from proxy.state import AppState
+from storage.records import MemoryRecord
+from storage.repositories.memories import Memories
+
+MAX_TEXT = 4_000
+KINDS_PATTERN = "fact, preference, or any name of at most 32 characters"
+
+
+def memory_object(m: MemoryRecord) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "object": "memory.memory",
+        "user": m.user_id,
+        "kind": m.kind,
+        "text": m.text,
+        "pinned": m.pinned,
+        "confidence": m.confidence,
+        "source_exchange_id": m.source_exchange_id,
+        "access_count": m.access_count,
+        "created_at": int(m.created_at.timestamp()),
+        "updated_at": int(m.updated_at.timestamp()),
+        "last_used_at": int(m.last_used_at.timestamp()) if m.last_used_at else None,
+    }
+
+
+def _not_found(memory_id: str) -> NotFound:
+    return NotFound(f"No memory found with id '{memory_id}'.", code="memory_not_found")
+
+
+def _fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
+    """The writable fields of a body, checked."""
+    known = {"text", "kind", "pinned", "confidence"} | ({"user"} if creating else set())
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise BadRequest(f"Unknown field '{unknown[0]}'.", param=unknown[0])
+    fields: dict[str, Any] = {}
+    if "text" in body or creating:
+        text = body.get("text")
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT:
+            raise BadRequest(
+                f"'text' must be a non-empty string of at most {MAX_TEXT} characters.",
+                param="text",
+            )
+        fields["text"] = text.strip()
+    if "kind" in body:
+        kind = body["kind"]
+        if not isinstance(kind, str) or not kind.strip() or len(kind) > 32:
+            raise BadRequest(f"'kind' must be {KINDS_PATTERN}.", param="kind")
+        fields["kind"] = kind.strip()
+    if "pinned" in body:
+        if not isinstance(body["pinned"], bool):
+            raise BadRequest("'pinned' must be a boolean.", param="pinned")
+        fields["pinned"] = body["pinned"]
+    if "confidence" in body:
+        value = body["confidence"]
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
+        ):
+            raise BadRequest(
+                "'confidence' must be a number from 0 to 1, or null.", param="confidence"
+            )
+        fields["confidence"] = value
+    return fields
+
+
+@get("/v1/memory/memories", opt=MANAGE, summary="List or search a user's memories")
+async def list_memories(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    params = request.query_params
+    user = params.get("user")
+    if user is not None:
+        user_param(user)
+    limit = limit_param(request)
+    pinned_param = params.get("pinned")
+    if pinned_param not in (None, "true", "false"):
+        raise BadRequest("'pinned' must be true or false.", param="pinned")
+    pinned = None if pinned_param is None else pinned_param == "true"
+    query = params.get("q")
+    terms = query_terms(query) if query else []
+    if query is not None and not terms:
+        raise BadRequest("'q' must contain at least one word to search for.", param="q")
+    after_id = params.get("after")
+
+    def work(conn: Connection) -> list[MemoryRecord]:
+        repo = Memories(conn)
+        after = repo.get(principal.tenant_id, after_id) if after_id else None
+        if after_id and after is None:
+            raise BadRequest(f"after: no memory '{after_id}'.", param="after")
+        return repo.find(
+            principal.tenant_id, user, limit=limit + 1, after=after, pinned=pinned, terms=terms
+        )
+
+    found = await services.db.read(work)
+    return json_response(page([memory_object(m) for m in found], limit))
+
+
+@post("/v1/memory/memories", opt=MANAGE, summary="Create a memory", status_code=201)
+async def create_memory(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    body = parse_json_object(await request.body())
+    user = user_param(body.get("user"))
+    fields = _fields(body, creating=True)
+    memory_id = "mem_" + secrets.token_hex(12)
+    created = await services.db.write(
+        lambda conn: Memories(conn).create(
+            principal.tenant_id, user, memory_id, fields.pop("text"), now=now(), **fields
+        )
+    )
+    return json_response(memory_object(created), status=201)
+
+
+@get("/v1/memory/memories/{memory_id:str}", opt=MANAGE, summary="Get a memory")
+async def get_memory(
+    memory_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    found = await services.db.read(lambda conn: Memories(conn).get(principal.tenant_id, memory_id))
+    if found is None:
+        raise _not_found(memory_id)
+    return json_response(memory_object(found))
+
+
+@patch("/v1/memory/memories/{memory_id:str}", opt=MANAGE, summary="Correct, pin or unpin a memory")
+async def update_memory(
+    memory_id: FromPath[str],
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    fields = _fields(parse_json_object(await request.body()), creating=False)
+    if not fields:
+        raise BadRequest("Nothing to update: send text, kind, pinned or confidence.")
+    updated = await services.db.write(
+        lambda conn: Memories(conn).update(principal.tenant_id, memory_id, now=now(), **fields)
+    )
+    if updated is None:
+        raise _not_found(memory_id)
+    return json_response(memory_object(updated))
+
+
+@delete(
+    "/v1/memory/memories/{memory_id:str}",
+    opt=MANAGE,
+    summary="Delete a memory",
+    status_code=200,
+)
+async def delete_memory(
+    memory_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    deleted = await services.db.write(
+        lambda conn: Memories(conn).delete(principal.tenant_id, memory_id)
+    )
+    if not deleted:
+        raise _not_found(memory_id)
+    return json_response({"id": memory_id, "object": "memory.memory.deleted", "deleted": True})
+
+
+ROUTES = [list_memories, create_memory, get_memory, update_memory, delete_memory]

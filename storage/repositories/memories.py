@@ -1,0 +1,146 @@
+"""Memories: curated facts and preferences about a tenant's user. Every call takes the tenant;
+listing and searching take the user too."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from storage.errors import ConflictError
+from storage.models import MEMORIES
+from storage.records import MemoryRecord
+from storage.repositories.rows import columns, utc_row
+
+R = MEMORIES
+_COLUMNS = columns(R, MemoryRecord)
+UPDATABLE = frozenset({"text", "kind", "pinned", "confidence"})
+_LIKE_SPECIAL = re.compile(r"([%_\\])")
+
+
+def _record(row: Any) -> MemoryRecord:
+    return MemoryRecord(**utc_row(row))
+
+
+class Memories:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def create(
+        self,
+        tenant_id: str,
+        user_id: str,
+        memory_id: str,
+        text: str,
+        *,
+        now: datetime,
+        kind: str = "fact",
+        pinned: bool = False,
+        confidence: float | None = None,
+        source_exchange_id: str | None = None,
+    ) -> MemoryRecord:
+        """A new memory; ConflictError if the id is taken in the tenant."""
+        values = {
+            "id": memory_id,
+            "tenant_id": tenant_id,
+            "user_id": user_id,
+            "kind": kind,
+            "text": text,
+            "pinned": pinned,
+            "confidence": confidence,
+            "source_exchange_id": source_exchange_id,
+            "access_count": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        try:
+            self.conn.execute(insert(R).values(values))
+        except IntegrityError as exc:
+            raise ConflictError(f"memory {memory_id!r} exists") from exc
+        found = self.get(tenant_id, memory_id)
+        assert found is not None
+        return found
+
+    def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
+        row = self.conn.execute(
+            select(*_COLUMNS).where(R.c.tenant_id == tenant_id, R.c.id == memory_id)
+        ).first()
+        return _record(row) if row else None
+
+    def find(
+        self,
+        tenant_id: str,
+        user_id: str | None,
+        *,
+        limit: int,
+        after: MemoryRecord | None = None,
+        pinned: bool | None = None,
+        terms: Sequence[str] = (),
+    ) -> list[MemoryRecord]:
+        """Newest first (by pk); `terms`: memories containing any of them (case-insensitive)."""
+        query = select(*_COLUMNS).where(R.c.tenant_id == tenant_id)
+        if user_id is not None:
+            query = query.where(R.c.user_id == user_id)
+        if pinned is not None:
+            query = query.where(R.c.pinned == pinned)
+        if after is not None:
+            query = query.where(R.c.pk < after.pk)
+        if terms:
+            query = query.where(
+                or_(
+                    *(
+                        func.lower(R.c.text).like(
+                            "%" + _LIKE_SPECIAL.sub(r"\\\1", t.lower()) + "%", escape="\\"
+                        )
+                        for t in terms
+                    )
+                )
+            )
+        rows = self.conn.execute(query.order_by(R.c.pk.desc()).limit(limit))
+        return [_record(r) for r in rows]
+
+    def update(
+        self, tenant_id: str, memory_id: str, *, now: datetime, **fields: Any
+    ) -> MemoryRecord | None:
+        unknown = set(fields) - UPDATABLE
+        if unknown:
+            raise ValueError(f"not memory fields: {sorted(unknown)}")
+        result = self.conn.execute(
+            update(R)
+            .where(R.c.tenant_id == tenant_id, R.c.id == memory_id)
+            .values({**fields, "updated_at": now})
+        )
+        return self.get(tenant_id, memory_id) if result.rowcount else None
+
+    def delete(self, tenant_id: str, memory_id: str) -> bool:
+        result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.id == memory_id))
+        return bool(result.rowcount)
+
+    def delete_user(self, tenant_id: str, user_id: str) -> int:
+        result = self.conn.execute(
+            delete(R).where(R.c.tenant_id == tenant_id, R.c.user_id == user_id)
+        )
+        return int(result.rowcount)
+
+    def pinned(self, tenant_id: str, user_id: str, limit: int = 100) -> list[MemoryRecord]:
+        """The user's pinned memories, oldest first (the order they are shown in)."""
+        rows = self.conn.execute(
+            select(*_COLUMNS)
+            .where(R.c.tenant_id == tenant_id, R.c.user_id == user_id, R.c.pinned.is_(True))
+            .order_by(R.c.pk)
+            .limit(limit)
+        )
+        return [_record(r) for r in rows]
+
+    def used(self, tenant_id: str, pks: Sequence[int], now: datetime) -> None:
+        """Count that these memories were attached to a turn."""
+        if pks:
+            self.conn.execute(
+                update(R)
+                .where(R.c.tenant_id == tenant_id, R.c.pk.in_(list(pks)))
+                .values(access_count=R.c.access_count + 1, last_used_at=now)
+            )

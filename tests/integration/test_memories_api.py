@@ -1,0 +1,145 @@
+"""`/v1/memory/memories` through the real server: create, list, search, correct, pin, delete,
+tenant- and user-scoped; pinned memories reach the model on every turn of their user."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.config import UpstreamConfig
+from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
+from tests.fakes.openai_upstream import FakeOpenAI
+
+
+@pytest.fixture
+def base(fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any) -> str:
+    upstream = UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k")
+    url: str = serve_proxy(make_config(upstream))
+    return url
+
+
+@pytest.fixture
+async def api(base: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as c:
+        yield c
+
+
+async def create(api: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    response = await api.post("/memory/memories", json={"user": "alice", **body})
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+async def test_create_read_correct_pin_and_delete(api: httpx.AsyncClient) -> None:
+    memory = await create(api, text="Prefers metric units", kind="preference")
+    assert memory["id"].startswith("mem_")
+    assert (memory["object"], memory["user"], memory["pinned"]) == ("memory.memory", "alice", False)
+    got = (await api.get(f"/memory/memories/{memory['id']}")).json()
+    assert got == memory
+    fixed = await api.patch(
+        f"/memory/memories/{memory['id']}", json={"text": "Prefers imperial units", "pinned": True}
+    )
+    assert fixed.status_code == 200
+    assert (fixed.json()["text"], fixed.json()["pinned"]) == ("Prefers imperial units", True)
+    deleted = await api.delete(f"/memory/memories/{memory['id']}")
+    assert deleted.json() == {
+        "id": memory["id"],
+        "object": "memory.memory.deleted",
+        "deleted": True,
+    }
+    assert (await api.get(f"/memory/memories/{memory['id']}")).status_code == 404
+
+
+async def test_list_filters_by_user_pin_and_search_and_pages(api: httpx.AsyncClient) -> None:
+    for text in ("Has a beagle named Biscuit", "Lives in Lisbon", "Works as a nurse"):
+        await create(api, text=text)
+    await create(api, text="Allergic to peanuts", pinned=True)
+    await create(api, text="Has a cat", user="bob")
+    listed = (await api.get("/memory/memories", params={"user": "alice", "limit": 2})).json()
+    assert listed["object"] == "list" and listed["has_more"] is True
+    assert [m["text"] for m in listed["data"]] == ["Allergic to peanuts", "Works as a nurse"]
+    rest = await api.get("/memory/memories", params={"user": "alice", "after": listed["last_id"]})
+    assert [m["text"] for m in rest.json()["data"]] == [
+        "Lives in Lisbon",
+        "Has a beagle named Biscuit",
+    ]
+    pinned = await api.get("/memory/memories", params={"user": "alice", "pinned": "true"})
+    assert [m["text"] for m in pinned.json()["data"]] == ["Allergic to peanuts"]
+    found = await api.get(
+        "/memory/memories", params={"user": "alice", "q": "where does she live? lisbon"}
+    )
+    assert [m["text"] for m in found.json()["data"]] == ["Lives in Lisbon"]
+    odd = await api.get("/memory/memories", params={"user": "alice", "q": "100%_beagle"})
+    assert odd.status_code == 200  # LIKE wildcards in a query are plain characters
+
+
+async def test_other_tenants_and_chat_keys_see_nothing(api: httpx.AsyncClient, base: str) -> None:
+    memory = await create(api, text="Secret thing")
+    async with httpx.AsyncClient(
+        base_url=base, headers={"authorization": f"Bearer {OTHER_TENANT_KEY}"}
+    ) as other:
+        for method, body in (("GET", None), ("PATCH", {"pinned": True}), ("DELETE", None)):
+            response = await other.request(method, f"/memory/memories/{memory['id']}", json=body)
+            assert response.status_code == 404
+            assert response.json()["error"]["code"] == "memory_not_found"
+        assert (await other.get("/memory/memories")).json()["data"] == []
+    async with httpx.AsyncClient(
+        base_url=base, headers={"authorization": f"Bearer {CHAT_ONLY_KEY}"}
+    ) as chat_only:
+        assert (await chat_only.get("/memory/memories")).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"text": ""}, "text"),
+        ({"text": 5}, "text"),
+        ({"text": "x" * 5000}, "text"),
+        ({"text": "ok", "pinned": "yes"}, "pinned"),
+        ({"text": "ok", "confidence": 2}, "confidence"),
+        ({"text": "ok", "colour": "red"}, "colour"),
+        ({"text": "ok", "user": ""}, "user"),
+    ],
+)
+async def test_bad_bodies_are_400_naming_the_field(
+    api: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
+    response = await api.post("/memory/memories", json={"user": "alice", **body})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+async def test_erasing_a_user_erases_their_memories(api: httpx.AsyncClient) -> None:
+    await create(api, text="Likes jazz")
+    erased = (await api.delete("/memory/users/alice")).json()
+    assert erased["deleted"]["memories"] == 1
+    assert (await api.get("/memory/memories", params={"user": "alice"})).json()["data"] == []
+
+
+async def test_pinned_memories_reach_the_model_on_every_turn(
+    api: httpx.AsyncClient, base: str, fake_upstream: tuple[FakeOpenAI, str]
+) -> None:
+    fake = fake_upstream[0]
+    await create(api, text="Allergic to peanuts", pinned=True)
+    await create(api, text="Owns a red bicycle")  # not pinned, and not asked about
+    async with openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk:
+        for user in ("alice", "bob"):
+            raw = await sdk.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": "suggest a dessert"}],
+                extra_headers={"X-Memory-User-Id": user},
+            )
+            system = [
+                m["content"] for m in fake.chat_requests[-1]["messages"] if m["role"] == "system"
+            ]
+            if user == "alice":
+                assert len(system) == 1 and "> - Allergic to peanuts" in system[0]
+                assert "red bicycle" not in system[0]
+                assert raw.headers["x-memory-memories"] == "1"
+            else:
+                assert system == []  # bob has no memories
