@@ -17,7 +17,8 @@ from proxy.memory import Outcome
 
 MAX_MODELS = 100
 OTHER_MODEL = "other"
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Without the charset, which the response adds itself.
+CONTENT_TYPE = CONTENT_TYPE_LATEST.replace("; charset=utf-8", "")
 # Seconds. Chat completions run from a few milliseconds (a cache, a fake) to minutes.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # The proxy's own share: well under a millisecond to a few when the database is slow.

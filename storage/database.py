@@ -40,10 +40,11 @@ T = TypeVar("T")
 Work = Callable[[Connection], T]
 
 SQLITE_PRAGMAS = (
+    # First: switching to WAL takes a lock that another connection may hold for a moment.
+    "PRAGMA busy_timeout=10000",  # another process (e.g. `memproxy migrate`) holding the file
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",  # durable across a process crash; WAL keeps it consistent
     "PRAGMA foreign_keys=ON",
-    "PRAGMA busy_timeout=10000",  # another process (e.g. `memproxy migrate`) holding the file
 )
 SQLITE_READERS = 4
 
