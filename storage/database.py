@@ -17,6 +17,8 @@ way to run them without blocking the event loop:
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -40,13 +42,12 @@ T = TypeVar("T")
 Work = Callable[[Connection], T]
 
 SQLITE_PRAGMAS = (
-    # First: switching to WAL takes a lock that another connection may hold for a moment.
     "PRAGMA busy_timeout=10000",  # another process (e.g. `memproxy migrate`) holding the file
-    "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=NORMAL",  # durable across a process crash; WAL keeps it consistent
     "PRAGMA foreign_keys=ON",
 )
 SQLITE_READERS = 4
+WAL_ATTEMPTS = 20
 
 
 class Database:
@@ -143,4 +144,21 @@ def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _: ConnectionPoolEntry
     cursor = dbapi_connection.cursor()
     for pragma in SQLITE_PRAGMAS:
         cursor.execute(pragma)
+    # WAL is a property of the file, set once: asking again on every new connection takes a
+    # lock that a busy writer elsewhere may hold, and SQLite may refuse at once ("database is
+    # locked") rather than wait for it.
+    for attempt in range(WAL_ATTEMPTS):
+        cursor.execute("PRAGMA journal_mode")
+        mode = cursor.fetchone()
+        if mode and str(mode[0]).lower() == "wal":
+            break
+        try:
+            # Switching a file to WAL needs it to itself for a moment; SQLite answers "database
+            # is locked" at once, without its busy wait, while another connection has it.
+            cursor.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == WAL_ATTEMPTS - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))  # a worker thread, opening a connection
     cursor.close()
