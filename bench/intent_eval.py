@@ -27,13 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from policies.intent import (
-    DEFAULT_LABELS,
-    Intent,
-    KeywordClassifier,
-    llm_request,
-    parse_llm_reply,
-)
+from policies.intent import Intent, KeywordClassifier, llm_request, parse_llm_reply
+from policies.intent_labels import DEFAULT_LABELS
 from proxy.config import UpstreamConfig
 from proxy.sse import reply_from_completion
 from proxy.upstream.openai import OpenAIUpstream

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from policies.intent import DEFAULT_LABELS, OTHER
+from policies.intent_labels import DEFAULT_LABELS, OTHER
 
 Scope = Literal["chat", "manage"]
 ALL_SCOPES: frozenset[Scope] = frozenset({"chat", "manage"})

@@ -16,14 +16,13 @@ from typing import Any
 import structlog
 
 from policies.intent import (
-    DEFAULT_LABELS,
     Intent,
     KeywordClassifier,
-    LabelSpec,
     llm_request,
     parse_llm_reply,
     turn_and_history,
 )
+from policies.intent_labels import DEFAULT_LABELS, LabelSpec
 from policies.pricing import Usage, parse_usage
 from proxy.config import Config, IntentSettings
 from proxy.metrics import Metrics

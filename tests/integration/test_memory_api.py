@@ -152,7 +152,12 @@ async def test_another_tenants_conversation_is_404_everywhere(
     assert sent(await messages(other_api, "c1")) == [user("theirs")]
     erased = await other_api.delete("/users/alice")
     assert erased.status_code == 200
-    assert erased.json()["deleted"] == {"conversations": 1, "messages": 1, "exchanges": 0, "memories": 0}
+    assert erased.json()["deleted"] == {
+        "conversations": 1,
+        "messages": 1,
+        "exchanges": 0,
+        "memories": 0,
+    }
 
     mine = (await api.get("/conversations/c1")).json()
     assert (mine["title"], mine["archived"], mine["message_count"]) == ("Mine", False, 1)

@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 
 from policies.intent import (
-    DEFAULT_LABELS,
     Intent,
     KeywordClassifier,
-    LabelSpec,
     llm_request,
     parse_llm_reply,
     turn_and_history,
 )
+from policies.intent_labels import DEFAULT_LABELS, LabelSpec
 from proxy.config import ConfigError, IntentSettings, load_config
 
 HISTORY: list[dict[str, Any]] = [
