@@ -237,16 +237,3 @@ def fit(
         else:
             kept.pop()
     return [], [], "", 0
-
-
-def recalled_tokens(excerpts: Sequence[Excerpt]) -> int:
-    """The recall section's size as `pack` estimates it."""
-    if not excerpts:
-        return 0
-    conversations = {e.turns[0].conversation for e in excerpts}
-    return (
-        HEADER_TOKENS
-        + sum(e.tokens for e in excerpts)
-        + CONVERSATION_TOKENS * len(conversations)
-        + SEPARATOR_TOKENS * (len(excerpts) - len(conversations))
-    )
