@@ -13,6 +13,8 @@ from litestar.config.cors import CORSConfig
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
+from policies.extraction import JOB_KIND as EXTRACTION
+from policies.jobs import RetryPolicy
 from policies.pricing import Price, PriceBook
 from policies.tokens import warm_up_tokenizers
 from proxy.access import access_hook
@@ -24,11 +26,14 @@ from proxy.costs import COST_HEADERS, Pricer
 from proxy.deps import provide_principal, provide_services
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.exchange_batch import DeferredExchanges
+from proxy.extraction import MemoryExtractor
 from proxy.intent import IntentClassifiers
+from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory, now
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
+from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.routes import memories, memory, openai, ops, usage
 from proxy.state import AppState, build_upstream, new_http_client
@@ -94,6 +99,18 @@ def create_app(config: Config) -> Litestar:
                     name: build_upstream(name, upstream, http)
                     for name, upstream in config.upstreams.items()
                 }
+                server = config.server
+                jobs = JobRunner(
+                    db,
+                    metrics,
+                    poll_seconds=server.jobs_poll_seconds,
+                    lease_seconds=server.job_lease_seconds,
+                    concurrency=server.job_concurrency,
+                    retry=RetryPolicy(server.job_max_attempts, server.job_retry_seconds),
+                )
+                charges = MemoryCharges(db, pricer, limits, metrics)
+                extractor = MemoryExtractor(config, upstreams, db, charges, metrics)
+                jobs.register(EXTRACTION, extractor)
                 state = AppState(
                     config=config,
                     keys=KeyRing(config),
@@ -105,17 +122,21 @@ def create_app(config: Config) -> Litestar:
                     pricer=pricer,
                     metrics=metrics,
                     limits=limits,
-                    charges=MemoryCharges(db, pricer, limits, metrics),
+                    charges=charges,
                     intents=IntentClassifiers(config, upstreams, metrics),
+                    jobs=jobs,
+                    extractor=extractor,
                     upstreams=upstreams,
                 )
                 for upstream in state.upstreams.values():
                     if isinstance(upstream, LiteLLMUpstream):
                         await upstream.load()  # seconds: now rather than on a first request
                 app.state.memproxy = state
+                await jobs.start()
                 try:
                     yield
                 finally:
+                    await jobs.stop()
                     await state.drain()
                     await state.deferred.close()
                     for upstream in state.upstreams.values():
@@ -132,6 +153,7 @@ def create_app(config: Config) -> Litestar:
             openai.passthrough,
             *memory.ROUTES,
             *memories.ROUTES,
+            *jobs_routes.ROUTES,
             *usage.ROUTES,
             limits_routes.get_limits,
             ops.healthz,

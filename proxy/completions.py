@@ -203,6 +203,9 @@ async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
         await services.memory.finish(turn, outcome)
     except StorageError as exc:
         log.error("exchange_not_recorded", request_id=turn.request_id, error=str(exc))
+        return
+    if turn.extract:
+        services.jobs.wake()  # its extraction job was queued with the reply
 
 
 class ChatExchange:
@@ -341,6 +344,9 @@ class ChatExchange:
                 upstream=self.upstream.name,
                 stream=self.info.stream,
                 context=tenant.context,
+            )
+            self.turn.extract = self.services.extractor.wanted(
+                self.principal.tenant_id, self.turn.user_id, self.turn.mode
             )
         except StorageError as exc:
             if not tenant.fail_open:

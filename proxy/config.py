@@ -57,6 +57,14 @@ class ServerConfig(_Strict):
     # When set, GET /metrics wants `Authorization: Bearer <metrics_key>` (it names tenants and
     # the models their clients ask for); when null it is open, like /healthz.
     metrics_key: str | None = Field(None, min_length=1)
+    # The background job queue (memory extraction): how often each replica looks for due jobs
+    # (it also looks at once when it queues one), how many it runs at a time, how long a job
+    # may run before another replica may take it over, and its retries.
+    jobs_poll_seconds: float = Field(2.0, gt=0)
+    job_concurrency: int = Field(2, ge=1, le=64)
+    job_lease_seconds: float = Field(300.0, gt=0)
+    job_max_attempts: int = Field(5, ge=1)
+    job_retry_seconds: float = Field(10.0, gt=0)
 
 
 class DatabaseConfig(_Strict):
@@ -159,8 +167,15 @@ class IntentSettings(_Strict):
 
 
 class MemorySettings(_Strict):
+    # `llm`: after each stored exchange of a named user, a background job asks `model` which
+    # memories it holds and applies its add/update/delete decisions.
     extract: Annotated[Literal["off", "llm"], Off] = "off"
     model: str = "gpt-4o-mini"
+    # The upstream the extraction model is called through; the tenant's own when null.
+    upstream: str | None = None
+    timeout_seconds: float = Field(60.0, gt=0)
+    # Existing memories shown to the model so it can update or delete them rather than repeat.
+    similar_memories: int = Field(20, ge=0, le=100)
     embeddings: Annotated[Literal["off", "upstream", "local"], Off] = "off"
 
 
@@ -246,13 +261,15 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     upstreams.setdefault("echo", {"kind": "echo"})
     used = {str(t.get("upstream", "echo")) for t in merged.values()}
     for name, tenant in merged.items():
-        intent = tenant.get("intent")
-        if isinstance(intent, dict) and intent.get("upstream"):
-            if str(intent["upstream"]) not in upstreams:
-                raise ConfigError(
-                    f"tenants.{name}.intent.upstream: no upstream named {intent['upstream']!r}"
-                )
-            used.add(str(intent["upstream"]))
+        for section in ("intent", "memory"):
+            settings = tenant.get(section)
+            if isinstance(settings, dict) and settings.get("upstream"):
+                if str(settings["upstream"]) not in upstreams:
+                    raise ConfigError(
+                        f"tenants.{name}.{section}.upstream: "
+                        f"no upstream named {settings['upstream']!r}"
+                    )
+                used.add(str(settings["upstream"]))
     for name in used:
         if name not in upstreams:
             where = next(n for n, t in merged.items() if str(t.get("upstream", "echo")) == name)

@@ -21,6 +21,7 @@ import structlog
 from sqlalchemy import Connection
 
 from policies.context import StoredTurn
+from policies.extraction import JOB_KIND as EXTRACTION
 from policies.identity import (
     chain_hashes,
     chain_next,
@@ -40,6 +41,7 @@ from storage.errors import ConflictError, StaleConversation
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.jobs import Jobs
 
 log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
@@ -72,6 +74,8 @@ class Turn:
     conversation: ConversationRecord | None = None
     history: list[StoredTurn] = field(default_factory=list)
     store_reply: bool = False
+    # Queue memory extraction once the reply is stored (the tenant extracts; a named user).
+    extract: bool = False
     # An exchange not yet written (mode off): `finish()` records it whole.
     pending: NewExchange | None = None
     # The keyword intent of the newest user turn, once the history it may refer to is known.
@@ -452,6 +456,7 @@ class ConversationMemory:
     def _finish(self, turn: Turn, outcome: Outcome, count: TokenCounter, conn: Connection) -> None:
         conv = turn.conversation
         reply = outcome.reply
+        stored = None
         if turn.store_reply and conv is not None and reply is not None:
             conversations = Conversations(conn)
             tokens = count(reply)
@@ -468,6 +473,8 @@ class ConversationMemory:
                     exchange_id=turn.request_id,
                 )
                 conversations.append(at, turn.user_id, [message], now=now())
+                nonlocal stored
+                stored = status
 
             try:
                 # Usually nothing was stored since begin(): no need to read the row again.
@@ -487,6 +494,8 @@ class ConversationMemory:
             Exchanges(conn).insert_finished([pending_row(turn, outcome)])
         else:
             Exchanges(conn).finish(turn.tenant_id, turn.request_id, **outcome.fields())
+        if turn.extract and stored == "complete":  # with the reply, or not at all
+            Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EXTRACTION, turn.request_id, now=now())
 
 
 def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:

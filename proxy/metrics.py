@@ -107,6 +107,18 @@ class Metrics:
             ["tenant", "reason"],
             registry=r,
         )
+        self.jobs = Counter(
+            "memproxy_jobs",
+            "Background job attempts ended, by kind and outcome (done, retry, dead, dropped).",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.memory_decisions = Counter(
+            "memproxy_memory_decisions",
+            "Extracted memory decisions, by action (add, update, delete) and whether applied.",
+            ["tenant", "action", "applied"],
+            registry=r,
+        )
         self._models: set[str] = set()
 
     def model(self, name: str) -> str:

@@ -15,7 +15,9 @@ from proxy.charges import MemoryCharges
 from proxy.config import Config, UpstreamConfig
 from proxy.costs import Pricer
 from proxy.exchange_batch import DeferredExchanges
+from proxy.extraction import MemoryExtractor
 from proxy.intent import IntentClassifiers
+from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
@@ -40,6 +42,8 @@ class AppState:
     limits: LimitKeeper
     charges: MemoryCharges
     intents: IntentClassifiers
+    jobs: JobRunner
+    extractor: MemoryExtractor
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 

@@ -184,6 +184,39 @@ class Memory(Base):
     )
 
 
+class Job(Base):
+    """A unit of background work in the durable queue (e.g. extracting memories from an
+    exchange): claimed with a lease, retried with backoff, dead-lettered with the reason.
+    At most one job of a kind per subject (`ref`, e.g. the exchange's request id)."""
+
+    __tablename__ = "jobs"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))
+    ref: Mapped[str] = mapped_column(String(128))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # queued -> running -> done, or back to queued (a retry), or dead (out of attempts).
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    run_after: Mapped[datetime]
+    # While running: who claimed it, and until when (then anyone may claim it again).
+    worker: Mapped[str | None] = mapped_column(String(128))
+    lease_until: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    # What it did (done), or what the failed attempts got (each error and the raw output).
+    result: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "kind", "ref", name="uq_jobs_subject"),
+        Index("ix_jobs_due", "status", "run_after"),
+        Index("ix_jobs_tenant_user", "tenant_id", "user_id"),
+    )
+
+
 class UsageCounter(Base):
     """Requests, tokens and spend of a tenant in one window (a minute, a UTC day or month):
     the shared totals that replicas reconcile their local limit counters against."""
@@ -204,3 +237,4 @@ MESSAGES = cast(Table, Message.__table__)
 EXCHANGES = cast(Table, Exchange.__table__)
 USAGE_COUNTERS = cast(Table, UsageCounter.__table__)
 MEMORIES = cast(Table, Memory.__table__)
+JOBS = cast(Table, Job.__table__)

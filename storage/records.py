@@ -148,3 +148,22 @@ class MemoryRecord:
     created_at: datetime
     updated_at: datetime
     last_used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    pk: int
+    tenant_id: str
+    user_id: str
+    kind: str
+    ref: str
+    payload: dict[str, Any]
+    status: str
+    attempts: int
+    run_after: datetime
+    worker: str | None
+    lease_until: datetime | None
+    last_error: str | None
+    result: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime

@@ -4,7 +4,6 @@ search, create, correct, pin and delete. Scope `manage`, tenant-scoped; another 
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from litestar import Request, Response, delete, get, patch, post
@@ -21,7 +20,7 @@ from proxy.responses import json_response
 from proxy.routes.memory import MANAGE, limit_param, page, user_param
 from proxy.state import AppState
 from storage.records import MemoryRecord
-from storage.repositories.memories import Memories
+from storage.repositories.memories import Memories, new_memory_id
 
 MAX_TEXT = 4_000
 KINDS_PATTERN = "fact, preference, or any name of at most 32 characters"
@@ -127,7 +126,7 @@ async def create_memory(
     body = parse_json_object(await request.body())
     user = user_param(body.get("user"))
     fields = _fields(body, creating=True)
-    memory_id = "mem_" + secrets.token_hex(12)
+    memory_id = new_memory_id()
     created = await services.db.write(
         lambda conn: Memories(conn).create(
             principal.tenant_id, user, memory_id, fields.pop("text"), now=now(), **fields

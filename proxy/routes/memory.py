@@ -24,6 +24,7 @@ from proxy.state import AppState
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
 from storage.repositories.conversations import Conversations
+from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
 
 MANAGE = {"scope": "manage"}
@@ -322,8 +323,13 @@ async def delete_user(
     user_param(user_id, "user_id")
 
     def work(conn: Connection) -> dict[str, int]:
-        counts = Conversations(conn).delete_user(principal.tenant_id, user_id)
-        return {**counts, "memories": Memories(conn).delete_user(principal.tenant_id, user_id)}
+        tenant = principal.tenant_id
+        counts = Conversations(conn).delete_user(tenant, user_id)
+        return {
+            **counts,
+            "memories": Memories(conn).delete_user(tenant, user_id),
+            "jobs": Jobs(conn).delete_user(tenant, user_id),
+        }
 
     counts = await services.db.write(work)
     return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})

@@ -331,6 +331,40 @@ class Conversations:
         ).scalar()
         return int(found) if found is not None else None
 
+    def exchange_messages(
+        self, tenant_id: str, exchange_id: str, *, before: int = 0
+    ) -> Sequence[MessageRecord]:
+        """The messages an exchange stored (its turn and reply), in order, after the `before`
+        messages of its conversation that came just before them (what the turn answers)."""
+        rows = self.conn.execute(
+            select(*_MESSAGE_COLUMNS, M.c.conversation_pk.label("conversation_pk"))
+            .where(M.c.tenant_id == tenant_id, M.c.exchange_id == exchange_id)
+            .order_by(M.c.conversation_pk, M.c.seq)
+        ).all()
+        if not rows:
+            return []
+        conversation_pk = rows[0].conversation_pk
+        own = [
+            MessageRecord(**{k: v for k, v in utc_row(r).items() if k != "conversation_pk"})
+            for r in rows
+            if r.conversation_pk == conversation_pk
+        ]
+        earlier: Sequence[MessageRecord] = ()
+        if before > 0:
+            query = (
+                select(*_MESSAGE_COLUMNS)
+                .where(
+                    M.c.tenant_id == tenant_id,
+                    M.c.conversation_pk == conversation_pk,
+                    M.c.seq < own[0].seq,
+                    M.c.status == "complete",
+                )
+                .order_by(M.c.seq.desc())
+                .limit(before)
+            )
+            earlier = [_message(r) for r in reversed(self.conn.execute(query).all())]
+        return [*earlier, *own]
+
     def set_turn_meta(self, tenant_id: str, exchange_id: str, key: str, value: Any) -> bool:
         """Set `key` in the metadata of the last user message an exchange stored (e.g. its
         intent, known only after the fact). False if it stored none (or it is gone)."""

@@ -4,6 +4,7 @@ listing and searching take the user too."""
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -20,6 +21,10 @@ R = MEMORIES
 _COLUMNS = columns(R, MemoryRecord)
 UPDATABLE = frozenset({"text", "kind", "pinned", "confidence"})
 _LIKE_SPECIAL = re.compile(r"([%_\\])")
+
+
+def new_memory_id() -> str:
+    return "mem_" + secrets.token_hex(12)
 
 
 def _record(row: Any) -> MemoryRecord:

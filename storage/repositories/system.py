@@ -1,18 +1,23 @@
-"""System tasks that span tenants on purpose: readiness, the crash sweeper, counter pruning.
+"""System tasks that span tenants on purpose: readiness, the crash sweeper, counter pruning,
+and the job queue's claiming and settling.
 
 This is the one repository whose queries do not take a tenant; nothing here returns tenant
 content."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, delete, update
+from sqlalchemy import Connection, and_, delete, or_, select, update
 
-from storage.models import EXCHANGES, USAGE_COUNTERS
+from storage.models import EXCHANGES, JOBS, USAGE_COUNTERS
+from storage.records import JobRecord
+from storage.repositories.jobs import job_columns, job_record
 
 E = EXCHANGES
 C = USAGE_COUNTERS
+J = JOBS
 MINUTE_WINDOWS = "minute:"  # every minute window's key starts so, and sorts after it
 
 
@@ -40,5 +45,81 @@ class SystemRepository:
             raise ValueError(f"not a minute window: {before_window!r}")
         result = self.conn.execute(
             delete(C).where(C.c.window > MINUTE_WINDOWS, C.c.window < before_window)
+        )
+        return result.rowcount
+
+    def claim_jobs(
+        self, worker: str, *, now: datetime, lease: timedelta, limit: int
+    ) -> list[JobRecord]:
+        """Take up to `limit` due jobs for `worker` until `now + lease`: queued ones whose
+        time has come, and running ones whose lease ran out (their worker died). On
+        PostgreSQL, rows another replica is claiming are skipped, not waited for."""
+        due = or_(
+            and_(J.c.status == "queued", J.c.run_after <= now),
+            and_(J.c.status == "running", J.c.lease_until < now),
+        )
+        pks = list(
+            self.conn.execute(
+                select(J.c.pk)
+                .where(due)
+                .order_by(J.c.run_after, J.c.pk)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).scalars()
+        )
+        if not pks:
+            return []
+        self.conn.execute(
+            update(J)
+            .where(J.c.pk.in_(pks))
+            .values(
+                status="running",
+                worker=worker,
+                lease_until=now + lease,
+                attempts=J.c.attempts + 1,
+                updated_at=now,
+            )
+        )
+        rows = self.conn.execute(select(*job_columns()).where(J.c.pk.in_(pks)).order_by(J.c.pk))
+        return [job_record(r) for r in rows]
+
+    def settle_job(
+        self,
+        pk: int,
+        worker: str,
+        *,
+        status: str,
+        now: datetime,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+        run_after: datetime | None = None,
+    ) -> bool:
+        """End `worker`'s attempt at a job: `done`, `queued` again (a retry at `run_after`) or
+        `dead`. False if the job is no longer the worker's (erased, or its lease was taken)."""
+        values: dict[str, Any] = {
+            "status": status,
+            "worker": None,
+            "lease_until": None,
+            "updated_at": now,
+            "result": result,
+        }
+        if error is not None:
+            values["last_error"] = error
+        if run_after is not None:
+            values["run_after"] = run_after
+        outcome = self.conn.execute(
+            update(J)
+            .where(J.c.pk == pk, J.c.worker == worker, J.c.status == "running")
+            .values(values)
+        )
+        return bool(outcome.rowcount)
+
+    def release_jobs(self, now: datetime) -> int:
+        """Running jobs become due again at once: at start-up on SQLite, where no other
+        process can be running them (PostgreSQL replicas wait for the lease instead)."""
+        result = self.conn.execute(
+            update(J)
+            .where(J.c.status == "running")
+            .values(status="queued", worker=None, lease_until=None, run_after=now, updated_at=now)
         )
         return result.rowcount

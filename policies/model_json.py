@@ -1,0 +1,51 @@
+"""Reading the JSON objects the proxy's own model calls answer with (intent, extraction), and
+clipping what goes into their prompts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def json_object(content: Any) -> dict[str, Any] | None:
+    """`content` as a JSON object, or None if it is not one. Some models wrap JSON in a
+    Markdown fence even when asked not to; the fence is taken off."""
+    if not isinstance(content, str):
+        return None
+    stripped = content.strip()
+    if stripped.startswith("```"):
+        stripped = stripped.split("\n", 1)[1] if "\n" in stripped else ""
+        stripped = stripped.rsplit("```", 1)[0]
+    try:
+        data = json.loads(stripped)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def clamp01(value: Any, default: float = 0.5) -> float:
+    """A number from 0 to 1 (a model's confidence), `default` when it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        return default
+    if number != number:  # NaN
+        return default
+    return round(min(1.0, max(0.0, number)), 4)
+
+
+def text_of(content: Any) -> str:
+    """A message content's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,207 @@
+"""The background job runner: takes due jobs from the durable queue (the `jobs` table) and runs
+them off the request path.
+
+A job's handler does the slow part (a model call) outside any transaction and returns what to
+write; the runner writes it in one transaction with the job's completion, and only while the
+job is still this worker's (`Jobs.hold`): a user erased meanwhile, or a lease another replica
+took over after this one stalled, means nothing is written. A failure (an exception, a
+`JobFailed` with the raw output that could not be used) is recorded on the job with each
+attempt's reason; the job runs again after a backoff, and is dead-lettered (`dead`, with the
+reason) when it runs out of attempts. A worker that dies mid-job leaves it `running` until its
+lease ends; then any worker takes it again (on SQLite, at the next start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import Connection
+
+from policies.jobs import RetryPolicy
+from proxy.metrics import Metrics
+from storage.database import Database
+from storage.errors import StorageError
+from storage.records import JobRecord
+from storage.repositories.jobs import Jobs
+from storage.repositories.system import SystemRepository
+
+log = structlog.get_logger("memproxy.jobs")
+# What a handler returns: the writes of its result, run in the transaction that ends the job;
+# it returns the summary stored on the job.
+Apply = Callable[[Connection], dict[str, Any]]
+Handler = Callable[[JobRecord], Awaitable[Apply]]
+KEPT_ERRORS = 10  # attempts' errors kept on a job
+KEPT_OUTPUT_CHARS = 4000
+
+
+class JobFailed(Exception):
+    """A job attempt that did not work out, with what it got (e.g. a model's reply that could
+    not be parsed), kept on the job."""
+
+    def __init__(self, reason: str, *, output: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.output = reason, output
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()[:64]}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class JobRunner:
+    def __init__(
+        self,
+        db: Database,
+        metrics: Metrics,
+        *,
+        poll_seconds: float = 1.0,
+        lease_seconds: float = 300.0,
+        concurrency: int = 2,
+        retry: RetryPolicy | None = None,
+        worker: str | None = None,
+    ) -> None:
+        self.db, self.metrics = db, metrics
+        self.poll_seconds, self.concurrency = poll_seconds, concurrency
+        self.lease = timedelta(seconds=lease_seconds)
+        self.retry = retry or RetryPolicy()
+        self.worker = worker or worker_name()
+        self.handlers: dict[str, Handler] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    def register(self, kind: str, handler: Handler) -> None:
+        self.handlers[kind] = handler
+
+    def wake(self) -> None:
+        """A job was queued: look now rather than at the next poll."""
+        self._wake.set()
+
+    async def start(self) -> None:
+        if self.db.is_sqlite:  # this process owns the file: what was running was abandoned
+            released = await self.db.write(lambda conn: SystemRepository(conn).release_jobs(_now()))
+            if released:
+                log.warning("jobs_released", count=released)
+        self._loop = asyncio.create_task(self._poll())
+
+    async def stop(self) -> None:
+        """Stop taking jobs; a job in progress is put back in the queue."""
+        if self._loop is not None:
+            self._loop.cancel()
+            await asyncio.gather(self._loop, return_exceptions=True)
+            self._loop = None
+
+    async def run_once(self) -> int:
+        """Claim up to `concurrency` due jobs and run them; how many were claimed."""
+        now = _now()
+        claimed = await self.db.write(
+            lambda conn: SystemRepository(conn).claim_jobs(
+                self.worker, now=now, lease=self.lease, limit=self.concurrency
+            )
+        )
+        if claimed:
+            await asyncio.gather(*(self._run(job) for job in claimed))
+        return len(claimed)
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                if await self.run_once():
+                    continue  # there may be more
+            except StorageError as exc:
+                log.warning("jobs_poll_failed", error=str(exc))
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(self.poll_seconds):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _run(self, job: JobRecord) -> None:
+        handler = self.handlers.get(job.kind)
+        errors = list((job.result or {}).get("errors", []))
+        try:
+            if handler is None:
+                raise JobFailed(f"no handler for jobs of kind {job.kind!r}")
+            # Well inside the lease, so that no other worker takes the job meanwhile.
+            async with asyncio.timeout(self.lease.total_seconds() * 0.8):
+                apply = await handler(job)
+            written = await self.db.write(lambda conn: self._complete(conn, job, apply, errors))
+            outcome = "done" if written else "dropped"
+            if not written:
+                log.info("job_dropped", job=job.pk, kind=job.kind, tenant=job.tenant_id)
+        except asyncio.CancelledError:
+            await self._settle(job, "queued", errors, None, run_after=_now())
+            raise
+        except Exception as exc:
+            failure = exc if isinstance(exc, JobFailed) else JobFailed(repr(exc))
+            if not isinstance(exc, JobFailed):
+                log.error("job_error", job=job.pk, kind=job.kind, exc_info=True)
+            now = _now()
+            output = failure.output
+            errors = [
+                *errors,
+                {
+                    "attempt": job.attempts,
+                    "at": now.isoformat(),
+                    "error": failure.reason,
+                    **({"output": output[:KEPT_OUTPUT_CHARS]} if output is not None else {}),
+                },
+            ][-KEPT_ERRORS:]
+            run_after = self.retry.next_run(job.attempts, now)
+            status = "queued" if run_after is not None else "dead"
+            outcome = "retry" if run_after is not None else "dead"
+            log.warning(
+                "job_failed",
+                job=job.pk,
+                kind=job.kind,
+                tenant=job.tenant_id,
+                attempt=job.attempts,
+                reason=failure.reason,
+                next=status,
+            )
+            await self._settle(job, status, errors, failure.reason, run_after=run_after)
+        self.metrics.jobs.labels(job.kind, outcome).inc()
+
+    def _complete(self, conn: Connection, job: JobRecord, apply: Apply, errors: list[Any]) -> bool:
+        if not Jobs(conn).hold(job.tenant_id, job.pk, self.worker):
+            return False
+        result = apply(conn)
+        if errors:
+            result = {**result, "errors": errors}
+        return SystemRepository(conn).settle_job(
+            job.pk, self.worker, status="done", now=_now(), result=result
+        )
+
+    async def _settle(
+        self,
+        job: JobRecord,
+        status: str,
+        errors: list[Any],
+        error: str | None,
+        *,
+        run_after: datetime | None,
+    ) -> None:
+        try:
+            await self.db.write(
+                lambda conn: SystemRepository(conn).settle_job(
+                    job.pk,
+                    self.worker,
+                    status=status,
+                    now=_now(),
+                    result={"errors": errors} if errors else None,
+                    error=error,
+                    run_after=run_after,
+                )
+            )
+        except StorageError as exc:  # the lease runs out and the job is taken again
+            log.error("job_not_settled", job=job.pk, error=str(exc))

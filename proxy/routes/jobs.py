@@ -1,0 +1,95 @@
+"""`/v1/memory/jobs`: the tenant's background jobs (memory extraction), to see what was queued,
+what each did, and what failed and why (`dead`: out of attempts). Scope `manage`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from litestar import Request, Response, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath
+from sqlalchemy import Connection
+
+from proxy.auth import Principal
+from proxy.errors import BadRequest, NotFound
+from proxy.responses import json_response
+from proxy.routes.memory import MANAGE, limit_param, page, user_param
+from proxy.state import AppState
+from storage.records import JobRecord
+from storage.repositories.jobs import STATUSES, Jobs
+
+JOB_ID = re.compile(r"job_([0-9]{1,18})")
+
+
+def job_object(job: JobRecord) -> dict[str, Any]:
+    return {
+        "id": f"job_{job.pk}",
+        "object": "memory.job",
+        "kind": job.kind,
+        "subject": job.ref,
+        "user": job.user_id,
+        "status": job.status,
+        "attempts": job.attempts,
+        "run_after": int(job.run_after.timestamp()),
+        "last_error": job.last_error,
+        "result": job.result,
+        "created_at": int(job.created_at.timestamp()),
+        "updated_at": int(job.updated_at.timestamp()),
+    }
+
+
+def _pk(job_id: str, param: str) -> int:
+    match = JOB_ID.fullmatch(job_id)
+    if match is None:
+        raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param=param)
+    return int(match.group(1))
+
+
+@get("/v1/memory/jobs", opt=MANAGE, summary="List background jobs")
+async def list_jobs(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    params = request.query_params
+    status = params.get("status")
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"'status' must be one of {', '.join(STATUSES)}.", param="status")
+    user = params.get("user")
+    if user is not None:
+        user_param(user)
+    subject = params.get("subject")
+    after = params.get("after")
+    after_pk = _pk(after, "after") if after is not None else None
+    limit = limit_param(request)
+
+    def work(conn: Connection) -> list[JobRecord]:
+        return Jobs(conn).find(
+            principal.tenant_id,
+            limit=limit + 1,
+            status=status,
+            kind=params.get("kind"),
+            user_id=user,
+            ref=subject,
+            after_pk=after_pk,
+        )
+
+    found = await services.db.read(work)
+    return json_response(page([job_object(j) for j in found], limit))
+
+
+@get("/v1/memory/jobs/{job_id:str}", opt=MANAGE, summary="Get a background job")
+async def get_job(
+    job_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    pk = _pk(job_id, "job_id")
+    found = await services.db.read(lambda conn: Jobs(conn).get(principal.tenant_id, pk))
+    if found is None:
+        raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found")
+    return json_response(job_object(found))
+
+
+ROUTES = [list_jobs, get_job]

@@ -1,0 +1,116 @@
+"""The job queue as a tenant sees it: enqueue work about its data, list it, erase a user's.
+Claiming and settling jobs across tenants is the system's business (repositories/system.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from storage.models import JOBS
+from storage.records import JobRecord
+from storage.repositories.rows import columns, utc_row
+
+J = JOBS
+_COLUMNS = columns(J, JobRecord)
+STATUSES = ("queued", "running", "done", "dead")
+
+
+def job_record(row: Any) -> JobRecord:
+    return JobRecord(**utc_row(row))
+
+
+def job_columns() -> list[Any]:
+    return list(_COLUMNS)
+
+
+class Jobs:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def enqueue(
+        self,
+        tenant_id: str,
+        user_id: str,
+        kind: str,
+        ref: str,
+        *,
+        now: datetime,
+        payload: dict[str, Any] | None = None,
+    ) -> bool:
+        """Queue a job of `kind` about `ref`, due now; False if there is one already (a job
+        is queued once per subject, so a retried request does not queue it twice)."""
+        values = {
+            "tenant_id": tenant_id,
+            "user_id": user_id,
+            "kind": kind,
+            "ref": ref,
+            "payload": payload or {},
+            "status": "queued",
+            "attempts": 0,
+            "run_after": now,
+            "created_at": now,
+            "updated_at": now,
+        }
+        dialect = self.conn.dialect.name
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        result = self.conn.execute(insert(J).values(values).on_conflict_do_nothing())
+        return bool(result.rowcount)
+
+    def get(self, tenant_id: str, pk: int) -> JobRecord | None:
+        row = self.conn.execute(
+            select(*_COLUMNS).where(J.c.tenant_id == tenant_id, J.c.pk == pk)
+        ).first()
+        return job_record(row) if row else None
+
+    def find(
+        self,
+        tenant_id: str,
+        *,
+        limit: int,
+        status: str | None = None,
+        kind: str | None = None,
+        user_id: str | None = None,
+        ref: str | None = None,
+        after_pk: int | None = None,
+    ) -> list[JobRecord]:
+        """Newest first."""
+        query = select(*_COLUMNS).where(J.c.tenant_id == tenant_id)
+        for column, value in (
+            (J.c.status, status),
+            (J.c.kind, kind),
+            (J.c.user_id, user_id),
+            (J.c.ref, ref),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        if after_pk is not None:
+            query = query.where(J.c.pk < after_pk)
+        rows = self.conn.execute(query.order_by(J.c.pk.desc()).limit(limit))
+        return [job_record(r) for r in rows]
+
+    def hold(self, tenant_id: str, pk: int, worker: str) -> bool:
+        """Lock a running job for the rest of this transaction, if `worker` still holds it: a
+        job's results are written in the transaction that holds it, so a user erased
+        meanwhile (whose jobs go with them) or a lease another worker took over means its
+        results are not written at all."""
+        row = self.conn.execute(
+            select(J.c.pk)
+            .where(
+                J.c.tenant_id == tenant_id,
+                J.c.pk == pk,
+                J.c.status == "running",
+                J.c.worker == worker,
+            )
+            .with_for_update()
+        ).first()
+        return row is not None
+
+    def delete_user(self, tenant_id: str, user_id: str) -> int:
+        result = self.conn.execute(
+            delete(J).where(J.c.tenant_id == tenant_id, J.c.user_id == user_id)
+        )
+        return int(result.rowcount)
