@@ -6,16 +6,11 @@ by no more than README.md ("Limits and budgets") allows."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,9 +22,9 @@ from storage import migrate
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
-from tests.postgres import free_port, fresh_database
+from tests.postgres import fresh_database
+from tests.processes import Replica, spawn, stop, wait_ready
 
-ROOT = Path(__file__).resolve().parents[2]
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 ServeProxy = Callable[[Config], str]
 
@@ -199,59 +194,6 @@ async def test_limits_endpoint_shows_the_limits_and_their_use(
 
 SYNC_SECONDS = 0.2
 SHARED_RPM = 10
-
-
-@dataclass
-class Replica:
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-
-def spawn(name: str, config: Path, workdir: Path) -> Replica:
-    """`memproxy serve` of this checkout in a process of its own."""
-    port = free_port()
-    log = workdir / f"{name}.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    command = [sys.executable, "-m", "proxy.cli", "serve", f"--config={config}", f"--port={port}"]
-    command += ["--log-level=warning", "--log-format=console"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=env
-        )
-    return Replica(name, process, port, log)
-
-
-def wait_ready(replica: Replica, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if replica.process.poll() is not None:
-            pytest.fail(f"{replica.name} exited at startup:\n{replica.tail()}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(replica.url.removesuffix("/v1") + "/healthz").status_code == 200:
-                return
-        time.sleep(0.05)
-    pytest.fail(f"{replica.name} did not start within {timeout:.0f} s:\n{replica.tail()}")
-
-
-def stop(replica: Replica) -> None:
-    replica.process.terminate()
-    try:
-        replica.process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        replica.process.kill()
-        replica.process.wait()
 
 
 @dataclass

@@ -1,0 +1,251 @@
+"""The durable job queue on SQLite and PostgreSQL: queued once per subject, claimed by one
+worker at a time (SKIP LOCKED on PostgreSQL), taken over when a worker's lease runs out,
+retried with backoff, dead-lettered with the reason; and the runner that writes a job's
+results only while the job is still its own."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from policies.jobs import RetryPolicy
+from proxy.jobs import Apply, JobFailed, JobRunner
+from proxy.metrics import Metrics
+from storage.database import Database
+from storage.records import JobRecord
+from storage.repositories.jobs import Jobs
+from storage.repositories.memories import Memories
+from storage.repositories.system import SystemRepository
+
+LEASE = timedelta(minutes=5)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def enqueue(db: Database, ref: str, tenant: str = "t1", user: str = "alice") -> bool:
+    return await db.write(lambda conn: Jobs(conn).enqueue(tenant, user, "k", ref, now=now()))
+
+
+async def claim(
+    db: Database,
+    worker: str,
+    *,
+    at: datetime | None = None,
+    limit: int = 10,
+    lease: timedelta = LEASE,
+) -> list[JobRecord]:
+    when = at or now()
+    return await db.write(
+        lambda conn: SystemRepository(conn).claim_jobs(worker, now=when, lease=lease, limit=limit)
+    )
+
+
+async def job(db: Database, ref: str, tenant: str = "t1") -> JobRecord:
+    (found,) = await db.read(lambda conn: Jobs(conn).find(tenant, limit=10, ref=ref))
+    return found
+
+
+async def test_a_subject_is_queued_once_per_tenant(db: Database) -> None:
+    assert await enqueue(db, "req_1")
+    assert not await enqueue(db, "req_1")  # a retried request
+    assert await enqueue(db, "req_1", tenant="t2")
+    queued = await job(db, "req_1")
+    assert (queued.status, queued.attempts, queued.user_id) == ("queued", 0, "alice")
+    assert await db.read(lambda conn: Jobs(conn).find("t3", limit=10)) == []
+
+
+async def test_a_claimed_job_is_nobody_elses_until_its_lease_runs_out(db: Database) -> None:
+    await enqueue(db, "req_1")
+    (mine,) = await claim(db, "a")
+    assert (mine.status, mine.worker, mine.attempts) == ("running", "a", 1)
+    assert await claim(db, "b") == []
+    # Worker a stalls past its lease: b takes the job over, and a can no longer settle it.
+    (taken,) = await claim(db, "b", at=now() + LEASE + timedelta(seconds=1))
+    assert (taken.pk, taken.worker, taken.attempts) == (mine.pk, "b", 2)
+    settled = await db.write(
+        lambda conn: SystemRepository(conn).settle_job(mine.pk, "a", status="done", now=now())
+    )
+    assert not settled
+    settled = await db.write(
+        lambda conn: SystemRepository(conn).settle_job(
+            mine.pk, "b", status="done", now=now(), result={"ok": 1}
+        )
+    )
+    assert settled
+    done = await job(db, "req_1")
+    assert (done.status, done.worker, done.result) == ("done", None, {"ok": 1})
+    assert await claim(db, "c", at=now() + 2 * LEASE) == []
+
+
+async def test_concurrent_claims_split_the_jobs_between_workers(db: Database) -> None:
+    for i in range(12):
+        await enqueue(db, f"req_{i}")
+    batches = await asyncio.gather(*(claim(db, f"w{i}", limit=4) for i in range(4)))
+    claimed = [j.pk for batch in batches for j in batch]
+    assert len(claimed) == len(set(claimed)) == 12
+
+
+async def test_a_job_not_yet_due_waits(db: Database) -> None:
+    await enqueue(db, "req_1")
+    (first,) = await claim(db, "a")
+    later = now() + timedelta(minutes=1)
+    await db.write(
+        lambda conn: SystemRepository(conn).settle_job(
+            first.pk, "a", status="queued", now=now(), error="boom", run_after=later
+        )
+    )
+    assert await claim(db, "a") == []
+    (again,) = await claim(db, "a", at=later)
+    assert (again.attempts, again.last_error) == (2, "boom")
+
+
+async def test_start_up_on_one_file_releases_what_was_running(db: Database) -> None:
+    await enqueue(db, "req_1")
+    await claim(db, "crashed")
+    released = await db.write(lambda conn: SystemRepository(conn).release_jobs(now()))
+    assert released == 1
+    (again,) = await claim(db, "next")
+    assert again.worker == "next"
+
+
+async def test_erasing_a_user_removes_their_jobs_and_a_held_job_is_gone(db: Database) -> None:
+    await enqueue(db, "req_1")
+    await enqueue(db, "req_2", user="bob")
+    (mine, _) = await claim(db, "a")
+    assert await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "a"))
+    assert not await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "b"))
+    assert not await db.write(lambda conn: Jobs(conn).hold("t2", mine.pk, "a"))
+    assert await db.write(lambda conn: Jobs(conn).delete_user("t1", "alice")) == 1
+    assert not await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "a"))
+    assert [j.user_id for j in await db.read(lambda conn: Jobs(conn).find("t1", limit=10))] == [
+        "bob"
+    ]
+
+
+# The runner, with handlers scripted per test.
+
+
+def remember(text: str) -> Apply:
+    def apply(conn: Connection) -> dict[str, Any]:
+        Memories(conn).create("t1", "alice", "mem_" + text, text, now=now())
+        return {"remembered": text}
+
+    return apply
+
+
+def runner(db: Database, **handlers: Any) -> JobRunner:
+    jobs = JobRunner(
+        db, Metrics(), retry=RetryPolicy(max_attempts=2, first_delay_s=60), worker="me"
+    )
+    for kind, handler in handlers.items():
+        jobs.register(kind, handler)
+    return jobs
+
+
+async def memories(db: Database) -> list[str]:
+    found = await db.read(lambda conn: Memories(conn).find("t1", "alice", limit=10))
+    return [m.text for m in found]
+
+
+async def test_a_jobs_results_are_written_with_its_completion(db: Database) -> None:
+    calls: list[str] = []
+
+    async def handler(job: JobRecord) -> Apply:
+        calls.append(job.ref)
+        return remember("tea")
+
+    jobs = runner(db, k=handler)
+    await enqueue(db, "req_1")
+    assert await jobs.run_once() == 1
+    assert await jobs.run_once() == 0
+    assert calls == ["req_1"]
+    assert await memories(db) == ["tea"]
+    done = await job(db, "req_1")
+    assert (done.status, done.result) == ("done", {"remembered": "tea"})
+    assert 'memproxy_jobs_total{kind="k",outcome="done"} 1.0' in jobs.metrics.exposition().decode()
+
+
+async def test_failures_are_recorded_retried_later_and_dead_lettered(db: Database) -> None:
+    async def handler(job: JobRecord) -> Apply:
+        raise JobFailed("the reply is not a JSON object", output="I think the user likes tea")
+
+    jobs = runner(db, k=handler)
+    await enqueue(db, "req_1")
+    assert await jobs.run_once() == 1
+    failed = await job(db, "req_1")
+    assert (failed.status, failed.last_error) == ("queued", "the reply is not a JSON object")
+    assert failed.run_after > now() + timedelta(seconds=50)  # the backoff
+    assert failed.result is not None
+    assert [(e["attempt"], e["output"]) for e in failed.result["errors"]] == [
+        (1, "I think the user likes tea")
+    ]
+    assert await jobs.run_once() == 0  # not due yet
+    (again,) = await claim(db, "me", at=failed.run_after)
+    await jobs._run(again)  # the second and last attempt
+    dead = await job(db, "req_1")
+    assert (dead.status, dead.attempts) == ("dead", 2)
+    assert dead.result is not None and len(dead.result["errors"]) == 2
+    assert await memories(db) == []
+
+
+async def test_an_unexpected_error_and_an_unknown_kind_are_failures_too(db: Database) -> None:
+    async def broken(job: JobRecord) -> Apply:
+        raise KeyError("surprise")
+
+    jobs = runner(db, k=broken)
+    await enqueue(db, "req_1")
+    await db.write(lambda conn: Jobs(conn).enqueue("t1", "alice", "unknown", "req_2", now=now()))
+    assert await jobs.run_once() == 2
+    assert (await job(db, "req_1")).last_error == "KeyError('surprise')"
+    assert (await job(db, "req_2")).last_error == "no handler for jobs of kind 'unknown'"
+
+
+async def test_a_user_erased_while_the_job_ran_gets_nothing_written(db: Database) -> None:
+    async def handler(job: JobRecord) -> Apply:
+        # The model call takes a while; meanwhile the user is erased.
+        await db.write(lambda conn: Jobs(conn).delete_user("t1", "alice"))
+        return remember("tea")
+
+    jobs = runner(db, k=handler)
+    await enqueue(db, "req_1")
+    assert await jobs.run_once() == 1
+    assert await memories(db) == []
+    assert 'outcome="dropped"' in jobs.metrics.exposition().decode()
+
+
+async def test_a_job_whose_worker_died_runs_again_on_the_next(db: Database) -> None:
+    await enqueue(db, "req_1")
+    # Its worker died; its lease (a short one, here) is over.
+    (abandoned,) = await claim(db, "crashed", lease=timedelta(microseconds=1))
+    await asyncio.sleep(0.01)
+
+    async def handler(job: JobRecord) -> Apply:
+        return remember("tea")
+
+    jobs = runner(db, k=handler)
+    assert await jobs.run_once() == 1
+    done = await job(db, "req_1")
+    assert (done.pk, done.status, done.attempts) == (abandoned.pk, "done", 2)
+    assert await memories(db) == ["tea"]
+
+
+async def test_stopping_puts_a_running_job_back(db: Database) -> None:
+    started = asyncio.Event()
+
+    async def slow(job: JobRecord) -> Apply:
+        started.set()
+        await asyncio.Event().wait()  # never answers
+        raise AssertionError("unreachable")
+
+    jobs = runner(db, k=slow)
+    await enqueue(db, "req_1")
+    await jobs.start()
+    await started.wait()
+    await jobs.stop()
+    back = await job(db, "req_1")
+    assert (back.status, back.worker) == ("queued", None)
