@@ -378,12 +378,12 @@ async def test_erasing_a_user_removes_everything_of_that_user_only(
         "object": "memory.user.deleted",
         "user": "alice",
         "deleted": {
-                "conversations": 3,
-                "messages": 5,
-                "exchanges": 2,
-                "memories": 0,
-                "jobs": 0,
-            },
+            "conversations": 3,
+            "messages": 5,
+            "exchanges": 2,
+            "memories": 0,
+            "jobs": 0,
+        },
     }
     assert await listed(api, "alice") == []
     for conversation in ("alice-chat", "alice-import"):
