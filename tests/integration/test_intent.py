@@ -25,9 +25,10 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
-from tests.conftest import KEY
+from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply
 from tests.fakes.server import ServerThread
+from tests.postgres import free_port
 
 ServeProxy = Callable[[Config], str]
 INTENT_MODEL = "intent-model"
@@ -408,3 +409,17 @@ async def test_an_llm_answer_after_the_stream_updates_the_record(
         conversation = response.response.headers["x-memory-conversation-id"]
         listed = await http.get(f"/memory/conversations/{conversation}/messages")
         assert listed.json()["data"][0]["metadata"]["intent"]["method"] == "llm"
+
+
+async def test_a_failed_request_still_says_its_intent(serve_proxy: ServeProxy) -> None:
+    gone = UpstreamConfig(kind="openai", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="k")
+    base = serve_proxy(make_config(gone))
+    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http:
+        response = await http.post(
+            "/chat/completions",
+            json={"model": "gpt-4o-mini", "messages": ask("what is the capital of peru?")},
+        )
+    assert response.status_code >= 500
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert response.headers["x-memory-intent"].startswith("question;")
+    assert response.headers["x-cost-usd"] == "0"
