@@ -17,6 +17,7 @@ from policies.extraction import JOB_KIND as EXTRACTION
 from policies.jobs import RetryPolicy
 from policies.pricing import Price, PriceBook
 from policies.tokens import warm_up_tokenizers
+from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.access import access_hook
 from proxy.auth import KeyRing
 from proxy.catalog import ModelCatalog
@@ -24,6 +25,8 @@ from proxy.charges import MemoryCharges
 from proxy.config import Config
 from proxy.costs import COST_HEADERS, Pricer
 from proxy.deps import provide_principal, provide_services
+from proxy.embedding_jobs import MessageEmbedder
+from proxy.embeddings import Embeddings, check_embeddings
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.exchange_batch import DeferredExchanges
 from proxy.extraction import MemoryExtractor
@@ -38,6 +41,7 @@ from proxy.routes import limits as limits_routes
 from proxy.routes import memories, memory, openai, ops, usage
 from proxy.state import AppState, build_upstream, new_http_client
 from proxy.upstream.litellm import LiteLLMUpstream
+from proxy.vector_index import VectorIndex
 from storage import migrate
 from storage.database import Database
 from storage.repositories.system import SystemRepository
@@ -81,6 +85,7 @@ def price_book(config: Config, catalog: ModelCatalog) -> PriceBook:
 def create_app(config: Config) -> Litestar:
     """A ready-to-serve app for `config`; its resources live from startup to shutdown."""
     prepare_offline_environment()
+    check_embeddings(config)  # a missing optional package fails now, naming the key
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -111,6 +116,12 @@ def create_app(config: Config) -> Litestar:
                 charges = MemoryCharges(db, pricer, limits, metrics)
                 extractor = MemoryExtractor(config, upstreams, db, charges, metrics)
                 jobs.register(EXTRACTION, extractor)
+                embeddings = Embeddings(config, upstreams, metrics)
+                jobs.register(EMBED, MessageEmbedder(embeddings, db, metrics))
+                vectors = None
+                if embeddings.settings:
+                    vectors = VectorIndex(max_bytes=server.embedding_cache_mb * 2**20)
+                    await embeddings.warm_up()
                 state = AppState(
                     config=config,
                     keys=KeyRing(config),
@@ -126,6 +137,8 @@ def create_app(config: Config) -> Litestar:
                     intents=IntentClassifiers(config, upstreams, metrics),
                     jobs=jobs,
                     extractor=extractor,
+                    embeddings=embeddings,
+                    vectors=vectors,
                     upstreams=upstreams,
                 )
                 for upstream in state.upstreams.values():

@@ -13,8 +13,12 @@ DEFAULT_CONFIG = "config.yaml"
 
 def _load(path: str | None) -> Config:
     path = path or os.environ.get("MEMPROXY_CONFIG") or DEFAULT_CONFIG
+    from proxy.embeddings import check_embeddings  # (imports the app's modules: only here)
+
     try:
-        return load_config(path)
+        config = load_config(path)
+        check_embeddings(config)
+        return config
     except ConfigError as exc:
         print(f"memproxy: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -28,6 +28,7 @@ from policies.tokens import count_messages, message_text, upper_bound_tokens
 from proxy.access import request_info
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
+from proxy.embeddings import EMBED_CHARS, Vector
 from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
 from proxy.intent import LLMIntent
 from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, now
@@ -36,6 +37,7 @@ from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
+from proxy.vector_index import SemanticQuery
 from storage.errors import StorageError
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
@@ -204,8 +206,8 @@ async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
     except StorageError as exc:
         log.error("exchange_not_recorded", request_id=turn.request_id, error=str(exc))
         return
-    if turn.extract:
-        services.jobs.wake()  # its extraction job was queued with the reply
+    if turn.extract or turn.embed:
+        services.jobs.wake()  # its extraction / embedding job was queued with the reply
 
 
 class ChatExchange:
@@ -239,6 +241,8 @@ class ChatExchange:
         self.attached_by_policy: dict[str, Any] | None = None
         self.recalled_messages = 0
         self.recall_ms: float | None = None
+        # The question's embedding for recall, started early to overlap the other work.
+        self.question_vector: asyncio.Task[Vector | None] | None = None
 
     async def answer(self) -> Response[Any]:
         self.flight = InFlight(self.services.metrics.in_flight)
@@ -330,6 +334,7 @@ class ChatExchange:
         """Store the turn (per the memory mode) and attach the history the client did not send."""
         tenant = self.principal.tenant
         messages = self.sent_messages
+        self._embed_question()
         try:
             self.turn = await self.services.memory.begin(
                 intent_of=partial(self.services.intents.keyword, self.principal.tenant_id),
@@ -344,6 +349,9 @@ class ChatExchange:
                 upstream=self.upstream.name,
                 stream=self.info.stream,
                 context=tenant.context,
+            )
+            self.turn.embed = self.services.embeddings.wanted(
+                self.principal.tenant_id, self.turn.user_id, self.turn.mode, ANONYMOUS
             )
             self.turn.extract = self.services.extractor.wanted(
                 self.principal.tenant_id, self.turn.user_id, self.turn.mode
@@ -408,6 +416,44 @@ class ChatExchange:
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
 
+    def _embed_question(self) -> None:
+        """Start embedding the newest user message when recall will want it (the tenant has
+        embeddings on, the user is named, memory is not off): it runs while the turn is
+        stored and classified."""
+        tenant, messages = self.principal.tenant, self.sent_messages
+        if (
+            tenant.memory.embeddings == "off"
+            or not tenant.context.recall
+            or self.ext.mode == "off"
+            or self.ext.user_id == ANONYMOUS
+            or not messages
+            or messages[-1].get("role") != "user"
+        ):
+            return
+        text = message_text(messages[-1])[:EMBED_CHARS]
+        self.question_vector = asyncio.ensure_future(
+            self.services.embeddings.query(
+                self.principal.tenant_id, text, request_id=self.request_id
+            )
+        )
+
+    async def _semantic(self) -> SemanticQuery | None:
+        """Recall's vector half, when the question's embedding arrived in time."""
+        task, index = self.question_vector, self.services.vectors
+        if task is None or index is None:
+            return None
+        vector = await task  # bounded by the tenant's embedding_timeout_ms; never raises
+        if vector is None:
+            return None
+        memory = self.principal.tenant.memory
+        return SemanticQuery(
+            index,
+            vector.model,
+            vector.values,
+            weight=memory.embedding_weight,
+            min_similarity=memory.embedding_min_similarity,
+        )
+
     async def _recall(self, history: list[StoredTurn], budget: int) -> Recall:
         """Stored turns of the user's conversations that match this one, within `budget`
         tokens, leaving out what the prompt holds (the client's messages, `history`)."""
@@ -440,6 +486,7 @@ class ChatExchange:
                 hidden=(turn.conversation.pk, turn.visible_before)
                 if turn.conversation is not None and turn.visible_before is not None
                 else None,
+                semantic=await self._semantic(),
             )
         except StorageError as exc:  # recall is an addition: without it the request goes on
             log.warning("recall_failed", request_id=self.request_id, error=str(exc))

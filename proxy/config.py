@@ -65,6 +65,9 @@ class ServerConfig(_Strict):
     job_lease_seconds: float = Field(300.0, gt=0)
     job_max_attempts: int = Field(5, ge=1)
     job_retry_seconds: float = Field(10.0, gt=0)
+    # Recall's vectors kept in memory per user (loaded from the database incrementally), in
+    # all; the least recently used users' go first.
+    embedding_cache_mb: int = Field(256, ge=0)
 
 
 class DatabaseConfig(_Strict):
@@ -176,7 +179,19 @@ class MemorySettings(_Strict):
     timeout_seconds: float = Field(60.0, gt=0)
     # Existing memories shown to the model so it can update or delete them rather than repeat.
     similar_memories: int = Field(20, ge=0, le=100)
+    # Embeddings for recall (hybrid with full-text search): `upstream` asks the tenant's
+    # upstream (or `embedding_upstream`) for `embedding_model`'s vectors at /v1/embeddings;
+    # `local` runs all-MiniLM-L6-v2 in-process (the optional extra `local-embeddings`).
+    # Stored messages are embedded by a background job; the question is embedded on the
+    # request path, waiting at most `embedding_timeout_ms` (then recall is full-text only).
     embeddings: Annotated[Literal["off", "upstream", "local"], Off] = "off"
+    embedding_model: str = Field("text-embedding-3-small", min_length=1, max_length=128)
+    embedding_upstream: str | None = None
+    embedding_timeout_ms: int = Field(300, gt=0)
+    # How much vector hits weigh against full-text hits when their ranks are fused, and how
+    # similar (cosine) a stored message must be to count as a vector hit at all.
+    embedding_weight: float = Field(1.0, ge=0)
+    embedding_min_similarity: float = Field(0.2, ge=-1, le=1)
 
 
 class SummarySettings(_Strict):
@@ -261,15 +276,18 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     upstreams.setdefault("echo", {"kind": "echo"})
     used = {str(t.get("upstream", "echo")) for t in merged.values()}
     for name, tenant in merged.items():
-        for section in ("intent", "memory"):
+        for section, key in (
+            ("intent", "upstream"),
+            ("memory", "upstream"),
+            ("memory", "embedding_upstream"),
+        ):
             settings = tenant.get(section)
-            if isinstance(settings, dict) and settings.get("upstream"):
-                if str(settings["upstream"]) not in upstreams:
+            if isinstance(settings, dict) and settings.get(key):
+                if str(settings[key]) not in upstreams:
                     raise ConfigError(
-                        f"tenants.{name}.{section}.upstream: "
-                        f"no upstream named {settings['upstream']!r}"
+                        f"tenants.{name}.{section}.{key}: no upstream named {settings[key]!r}"
                     )
-                used.add(str(settings["upstream"]))
+                used.add(str(settings[key]))
     for name in used:
         if name not in upstreams:
             where = next(n for n, t in merged.items() if str(t.get("upstream", "echo")) == name)

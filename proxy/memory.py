@@ -32,6 +32,7 @@ from policies.identity import (
 )
 from policies.intent import Intent
 from policies.tokens import count_message, message_text
+from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.config import ContextSettings
 from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
 from proxy.errors import NotFound, Unprocessable
@@ -76,6 +77,8 @@ class Turn:
     store_reply: bool = False
     # Queue memory extraction once the reply is stored (the tenant extracts; a named user).
     extract: bool = False
+    # Queue embedding of the stored messages with the reply (the tenant has embeddings on).
+    embed: bool = False
     # An exchange not yet written (mode off): `finish()` records it whole.
     pending: NewExchange | None = None
     # The keyword intent of the newest user turn, once the history it may refer to is known.
@@ -496,6 +499,9 @@ class ConversationMemory:
             Exchanges(conn).finish(turn.tenant_id, turn.request_id, **outcome.fields())
         if turn.extract and stored == "complete":  # with the reply, or not at all
             Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EXTRACTION, turn.request_id, now=now())
+        if turn.embed and conv is not None and turn.mode == "full":
+            # The turn's messages (stored at begin) and a complete reply: whatever is there.
+            Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EMBED, turn.request_id, now=now())
 
 
 def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:

@@ -119,6 +119,18 @@ class Metrics:
             ["tenant", "action", "applied"],
             registry=r,
         )
+        self.embedding_queries = Counter(
+            "memproxy_embedding_queries",
+            "Questions embedded for recall, by outcome (ok, timeout, error: full-text only).",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.embedded_messages = Counter(
+            "memproxy_embedded_messages",
+            "Stored messages embedded by the background job.",
+            ["tenant"],
+            registry=r,
+        )
         self._models: set[str] = set()
 
     def model(self, name: str) -> str:

@@ -14,6 +14,7 @@ from proxy.catalog import ModelCatalog
 from proxy.charges import MemoryCharges
 from proxy.config import Config, UpstreamConfig
 from proxy.costs import Pricer
+from proxy.embeddings import Embeddings
 from proxy.exchange_batch import DeferredExchanges
 from proxy.extraction import MemoryExtractor
 from proxy.intent import IntentClassifiers
@@ -25,6 +26,7 @@ from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
+from proxy.vector_index import VectorIndex
 from storage.database import Database
 
 
@@ -44,6 +46,9 @@ class AppState:
     intents: IntentClassifiers
     jobs: JobRunner
     extractor: MemoryExtractor
+    embeddings: Embeddings
+    # Recall's vectors (None while no tenant has embeddings on: numpy is then not needed).
+    vectors: VectorIndex | None = None
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 

@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Table,
     Text,
@@ -217,6 +218,31 @@ class Job(Base):
     )
 
 
+class MessageVector(Base):
+    """A stored message's embedding (recall's vector half): unit length, float32
+    little-endian (policies/vectors.py), one per message and embedding model. Goes with its
+    message (the foreign key cascades; erasure and conversation deletes also remove them
+    explicitly)."""
+
+    __tablename__ = "message_vectors"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    message_pk: Mapped[int] = mapped_column(PK, ForeignKey("messages.pk", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    model: Mapped[str] = mapped_column(String(128))
+    dims: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("message_pk", "model", name="uq_message_vectors_message_model"),
+        # A user's vectors of one model in the order they were stored: the request path reads
+        # only those stored since it last looked.
+        Index("ix_message_vectors_user", "tenant_id", "user_id", "model", "pk"),
+    )
+
+
 class UsageCounter(Base):
     """Requests, tokens and spend of a tenant in one window (a minute, a UTC day or month):
     the shared totals that replicas reconcile their local limit counters against."""
@@ -238,3 +264,4 @@ EXCHANGES = cast(Table, Exchange.__table__)
 USAGE_COUNTERS = cast(Table, UsageCounter.__table__)
 MEMORIES = cast(Table, Memory.__table__)
 JOBS = cast(Table, Job.__table__)
+MESSAGE_VECTORS = cast(Table, MessageVector.__table__)

@@ -16,8 +16,9 @@ from sqlalchemy import Connection
 
 from proxy.auth import Principal
 from proxy.completions import CONVERSATION_ID
+from proxy.embedding_jobs import queue_range
 from proxy.errors import BadRequest, Conflict, NotFound
-from proxy.memory import ConversationMemory, TokenCounter, new_conversation_id, now
+from proxy.memory import ANONYMOUS, ConversationMemory, TokenCounter, new_conversation_id, now
 from proxy.requests import check_messages, parse_json_object
 from proxy.responses import json_response
 from proxy.state import AppState
@@ -26,6 +27,7 @@ from storage.records import ConversationRecord, MessageRecord
 from storage.repositories.conversations import Conversations
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.vectors import MessageVectors
 
 MANAGE = {"scope": "manage"}
 MAX_PAGE = 100
@@ -104,6 +106,23 @@ def _conversation(
     return found
 
 
+def _queue_embedding(
+    conn: Connection, services: AppState, conversation: ConversationRecord, first_seq: int
+) -> None:
+    """Imported messages are embedded too (a background job), when the tenant has
+    embeddings on and the user is named."""
+    if services.embeddings.wanted(conversation.tenant_id, conversation.user_id, "full", ANONYMOUS):
+        queue_range(
+            conn,
+            conversation.tenant_id,
+            conversation.user_id,
+            conversation.pk,
+            first_seq,
+            conversation.next_seq - 1,
+            now=now(),
+        )
+
+
 @get("/v1/memory/conversations", opt=MANAGE, summary="List a user's conversations, newest first")
 async def list_conversations(
     request: Request[Any, Any, Any],
@@ -162,6 +181,7 @@ async def create_conversation(
         )
         if messages:
             created = ConversationMemory.import_messages(conn, created, messages, count)
+            _queue_embedding(conn, services, created, 1)
         return created
 
     try:
@@ -172,6 +192,8 @@ async def create_conversation(
             param="id",
             code="conversation_exists",
         ) from None
+    if messages:
+        services.jobs.wake()  # (an embedding job, when the tenant has embeddings on)
     return json_response(conversation_object(created), 201)
 
 
@@ -299,11 +321,13 @@ async def append_messages(
     def work(conn: Connection) -> list[MessageRecord]:
         found = _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
         updated = ConversationMemory.import_messages(conn, found, messages, count)
+        _queue_embedding(conn, services, updated, found.next_seq)
         return Conversations(conn).messages(
             principal.tenant_id, updated.pk, after_seq=found.next_seq - 1, limit=len(messages)
         )
 
     rows = await services.db.write(work)
+    services.jobs.wake()
     return json_response(
         page([message_object(conversation_id, m) for m in rows], len(rows) or 1), 201
     )
@@ -324,14 +348,18 @@ async def delete_user(
 
     def work(conn: Connection) -> dict[str, int]:
         tenant = principal.tenant_id
+        vectors = MessageVectors(conn).delete_user(tenant, user_id)
         counts = Conversations(conn).delete_user(tenant, user_id)
         return {
             **counts,
             "memories": Memories(conn).delete_user(tenant, user_id),
             "jobs": Jobs(conn).delete_user(tenant, user_id),
+            "vectors": vectors,
         }
 
     counts = await services.db.write(work)
+    if services.vectors is not None:
+        services.vectors.forget(principal.tenant_id, user_id)
     return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
 
 

@@ -7,6 +7,7 @@ tiktoken. Useful for demos, debugging what the proxy attached, and tests.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -18,6 +19,8 @@ from proxy.config import UpstreamConfig
 from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
 
 _PREVIEW_CHARS = 200
+ECHO_EMBEDDING_DIMS = 256
+_WORD = re.compile(r"[^\W_]+")
 MAX_CHOICES = 128  # OpenAI's own limit on `n`
 
 
@@ -80,6 +83,25 @@ class EchoUpstream:
     async def list_models(self) -> UpstreamReply:
         return model_list_reply(self._models, "memproxy")
 
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
+        """The proxy's own embeddings requests (recall with `embeddings: upstream` on the
+        default install): deterministic hashed bags of words, not a model. Clients still get
+        a 404 for /v1/embeddings, like every other endpoint the echo upstream does not serve."""
+        raw = body.get("input")
+        inputs = raw if isinstance(raw, list) else [raw]
+        data = [
+            {"object": "embedding", "index": i, "embedding": hashed_bag_of_words(str(text))}
+            for i, text in enumerate(inputs)
+        ]
+        tokens = sum(count_text(str(text)) for text in inputs)
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": str(body.get("model", "echo")),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return UpstreamReply(200, body=msgspec.json.encode(payload))
+
     async def passthrough(
         self, method: str, path: str, query: bytes, headers: Mapping[str, str], body: bytes
     ) -> UpstreamReply:
@@ -87,6 +109,20 @@ class EchoUpstream:
 
     async def aclose(self) -> None:
         pass
+
+
+def hashed_bag_of_words(text: str, dims: int = ECHO_EMBEDDING_DIMS) -> list[float]:
+    """Each word adds +-1 to a dimension its hash picks; unit length (a text without words
+    gets one fixed dimension)."""
+    vector = [0.0] * dims
+    for word in _WORD.findall(text.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=8).digest()
+        index = int.from_bytes(digest[:4], "little") % dims
+        vector[index] += 1.0 if digest[4] & 1 else -1.0
+    norm = sum(v * v for v in vector) ** 0.5
+    if norm == 0:
+        vector[0], norm = 1.0, 1.0
+    return [v / norm for v in vector]
 
 
 async def _stream(

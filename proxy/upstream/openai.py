@@ -46,6 +46,13 @@ class OpenAIUpstream:
     async def list_models(self) -> UpstreamReply:
         return await self._send("GET", "/models", b"", dict(self._auth), b"", False)
 
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
+        """The proxy's own embeddings request (recall), read whole."""
+        headers = {"content-type": "application/json", **self._auth}
+        return await self._send(
+            "POST", "/embeddings", b"", headers, msgspec.json.encode(body), False
+        )
+
     async def passthrough(
         self,
         method: str,

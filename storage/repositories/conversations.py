@@ -15,6 +15,7 @@ from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import scope_token, searchable_text
+from storage.repositories.vectors import MessageVectors
 
 C = CONVERSATIONS
 M = MESSAGES
@@ -306,6 +307,7 @@ class Conversations:
         found = self.get(tenant_id, conversation_id)
         if found is None:
             return False
+        MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )
@@ -384,6 +386,7 @@ class Conversations:
 
     def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
         """Erase everything stored for one user of one tenant."""
+        MessageVectors(self.conn).delete_user(tenant_id, user_id)  # (the messages' cascade too)
         messages = self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.user_id == user_id)
         )

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -73,6 +75,8 @@ class FakeOpenAI:
         self.replies_started = 0  # responses whose head went out (or is about to)
         self.release = threading.Event()  # lets held replies go (`Reply.hold`)
         self.streams_finished = 0
+        # When set, /embeddings answers with this function of each input (else fixed vectors).
+        self.embed: Callable[[str], list[float]] | None = None
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
@@ -175,8 +179,12 @@ class FakeOpenAI:
             inputs = request.json().get("input")
             inputs = inputs if isinstance(inputs, list) else [inputs]
             data = [
-                {"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]}
-                for i in range(len(inputs))
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": self.embed(str(text)) if self.embed else [0.1, 0.2, 0.3],
+                }
+                for i, text in enumerate(inputs)
             ]
             return Reply(
                 body={
@@ -195,6 +203,18 @@ class FakeOpenAI:
                 "size": len(request.body),
             }
         )
+
+
+def concept_embedding(text: str, concepts: dict[str, str], dims: int = 64) -> list[float]:
+    """A deterministic stand-in for a real embedding model: a hashed bag of words in which
+    the words of `concepts` count as their concept (e.g. "puppy" and "beagle" as "dog"), so
+    texts with no word in common can still be near each other."""
+    vector = [0.0] * dims
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        word = concepts.get(word, word)
+        digest = hashlib.sha256(word.encode()).digest()
+        vector[int.from_bytes(digest[:4], "little") % dims] += 1.0
+    return vector if any(vector) else [1.0] + [0.0] * (dims - 1)
 
 
 def _tool_message_error(messages: list[dict[str, Any]]) -> str | None:

@@ -157,6 +157,8 @@ async def test_another_tenants_conversation_is_404_everywhere(
         "messages": 1,
         "exchanges": 0,
         "memories": 0,
+        "jobs": 0,
+        "vectors": 0,
     }
 
     mine = (await api.get("/conversations/c1")).json()
@@ -383,6 +385,7 @@ async def test_erasing_a_user_removes_everything_of_that_user_only(
             "exchanges": 2,
             "memories": 0,
             "jobs": 0,
+            "vectors": 0,
         },
     }
     assert await listed(api, "alice") == []

@@ -1,0 +1,119 @@
+"""Embedding stored messages, the background job (`embed_messages`), off the request path.
+
+Queued with each stored exchange of a named user when the tenant has embeddings on (in the
+transaction that stores the reply: proxy/memory.py), and for messages imported or appended
+through the management API (`queue_range`), so imported histories are recalled by meaning too.
+A job embeds the messages still without a vector of the tenant's model, up to `CHUNK` per
+attempt, and queues a job for the rest; the vectors are written in the transaction that ends
+the job, and only for messages that are still there.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from sqlalchemy import Connection
+
+from policies.vectors import EMBED_JOB_KIND, BadVector, encode
+from proxy.embeddings import EmbeddingError, Embeddings
+from proxy.jobs import Apply, JobFailed
+from proxy.metrics import Metrics
+from storage.database import Database
+from storage.records import JobRecord
+from storage.repositories.jobs import Jobs
+from storage.repositories.vectors import MessageVectors, NewVector, Unembedded
+
+log = structlog.get_logger("memproxy.embedding_jobs")
+# Messages embedded per attempt: an attempt stays well inside its lease with the local model
+# on two cores (about 30 a second), and a large import is embedded in steps that each count.
+CHUNK = 256
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def queue_range(
+    conn: Connection,
+    tenant_id: str,
+    user_id: str,
+    conversation_pk: int,
+    first_seq: int,
+    last_seq: int | None,
+    *,
+    now: datetime,
+) -> bool:
+    """Queue embedding of a conversation's messages from `first_seq` to `last_seq` (None: to
+    its end), in the caller's transaction."""
+    return Jobs(conn).enqueue(
+        tenant_id,
+        user_id,
+        EMBED_JOB_KIND,
+        f"range:{conversation_pk}:{first_seq}",
+        now=now,
+        payload={"conversation_pk": conversation_pk, "first_seq": first_seq, "last_seq": last_seq},
+    )
+
+
+class MessageEmbedder:
+    """The handler of `embed_messages` jobs, for every tenant."""
+
+    def __init__(self, embeddings: Embeddings, db: Database, metrics: Metrics) -> None:
+        self.embeddings, self.db, self.metrics = embeddings, db, metrics
+
+    def _pending(self, conn: Connection, job: JobRecord, model: str) -> list[Unembedded]:
+        vectors = MessageVectors(conn)
+        payload = job.payload or {}
+        if "conversation_pk" in payload:
+            return vectors.unembedded(
+                job.tenant_id,
+                job.user_id,
+                model,
+                conversation_pk=int(payload["conversation_pk"]),
+                first_seq=int(payload.get("first_seq") or 0),
+                last_seq=payload.get("last_seq"),
+                limit=CHUNK,
+            )
+        return vectors.unembedded(
+            job.tenant_id, job.user_id, model, exchange_id=job.ref, limit=CHUNK
+        )
+
+    async def __call__(self, job: JobRecord) -> Apply:
+        embedder = self.embeddings.embedder(job.tenant_id)
+        if embedder is None:
+            return lambda conn: {"skipped": "embeddings are off for this tenant now"}
+        model = embedder.model
+        pending = await self.db.read(lambda conn: self._pending(conn, job, model))
+        if not pending:
+            # Embedded already, or erased / deleted since.
+            return lambda conn: {"model": model, "embedded": 0}
+        try:
+            vectors = await embedder.embed([m.text for m in pending])
+            rows = [
+                NewVector(m.pk, encode(v), len(v)) for m, v in zip(pending, vectors, strict=True)
+            ]
+        except (EmbeddingError, BadVector, ValueError) as exc:
+            raise JobFailed(str(exc)) from exc
+
+        def apply(conn: Connection) -> dict[str, Any]:
+            stored = MessageVectors(conn).store(job.tenant_id, job.user_id, model, rows, now=_now())
+            self.metrics.embedded_messages.labels(job.tenant_id).inc(stored)
+            result: dict[str, Any] = {"model": model, "embedded": stored}
+            if len(pending) == CHUNK:  # there may be more: a job for the rest
+                last = pending[-1]
+                payload = job.payload or {}
+                queue_range(
+                    conn,
+                    job.tenant_id,
+                    job.user_id,
+                    last.conversation_pk,
+                    last.seq + 1,
+                    payload.get("last_seq"),
+                    now=_now(),
+                )
+                result["continued_from"] = last.seq + 1
+            return result
+
+        return apply

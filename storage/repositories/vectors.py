@@ -1,0 +1,190 @@
+"""Stored messages' embeddings (recall's vector half), tenant- and user-scoped.
+
+A vector belongs to a message (its row goes when the message goes) and to the embedding model
+that made it: vectors of different models never meet, so a tenant that changes its model
+simply has nothing embedded by the new one yet. Only complete user and assistant messages
+(those full-text search indexes, `search_text`) are embedded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, and_, delete, exists, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from storage.models import MESSAGE_VECTORS, MESSAGES
+
+V = MESSAGE_VECTORS
+M = MESSAGES
+
+
+@dataclass(frozen=True, slots=True)
+class Unembedded:
+    """A stored message still without a vector of the model asked about."""
+
+    pk: int
+    conversation_pk: int
+    seq: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewVector:
+    message_pk: int
+    vector: bytes  # policies.vectors.encode
+    dims: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVector:
+    """A vector with where its message is (to read the message and its neighbours)."""
+
+    pk: int  # the vector's own: they are read in this order, incrementally
+    message_pk: int
+    conversation_pk: int
+    seq: int
+    vector: bytes
+
+
+class MessageVectors:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def unembedded(
+        self,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        *,
+        exchange_id: str | None = None,
+        conversation_pk: int | None = None,
+        first_seq: int = 0,
+        last_seq: int | None = None,
+        limit: int = 256,
+    ) -> list[Unembedded]:
+        """The user's searchable messages without a `model` vector, in order: those an
+        exchange stored, or those of a conversation from `first_seq` to `last_seq`."""
+        if (exchange_id is None) == (conversation_pk is None):
+            raise ValueError("give an exchange or a conversation")
+        query = select(M.c.pk, M.c.conversation_pk, M.c.seq, M.c.search_text).where(
+            M.c.tenant_id == tenant_id,
+            M.c.user_id == user_id,
+            M.c.status == "complete",
+            M.c.search_text.is_not(None),
+            ~exists().where(V.c.message_pk == M.c.pk, V.c.model == model),
+        )
+        if exchange_id is not None:
+            query = query.where(M.c.exchange_id == exchange_id)
+        else:
+            query = query.where(M.c.conversation_pk == conversation_pk, M.c.seq >= first_seq)
+            if last_seq is not None:
+                query = query.where(M.c.seq <= last_seq)
+        rows = self.conn.execute(query.order_by(M.c.conversation_pk, M.c.seq).limit(limit))
+        return [Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text) for r in rows]
+
+    def store(
+        self,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        vectors: Sequence[NewVector],
+        *,
+        now: datetime,
+    ) -> int:
+        """Store vectors of the user's messages; a message that is gone (deleted since it was
+        read) or another user's, or one that has its vector already, is skipped. How many
+        were stored."""
+        if not vectors:
+            return 0
+        mine = {
+            r.pk
+            for r in self.conn.execute(
+                select(M.c.pk).where(
+                    M.c.tenant_id == tenant_id,
+                    M.c.user_id == user_id,
+                    M.c.pk.in_([v.message_pk for v in vectors]),
+                )
+            )
+        }
+        rows = [
+            {
+                "message_pk": v.message_pk,
+                "tenant_id": tenant_id,
+                "user_id": user_id,
+                "model": model,
+                "dims": v.dims,
+                "vector": v.vector,
+                "created_at": now,
+            }
+            for v in vectors
+            if v.message_pk in mine
+        ]
+        if not rows:
+            return 0
+        insert = pg_insert if self.conn.dialect.name == "postgresql" else sqlite_insert
+        # One statement (an executemany's row count is not reliable on every driver).
+        stored = self.conn.execute(
+            insert(V).values(rows).on_conflict_do_nothing().returning(V.c.pk)
+        ).all()
+        return len(stored)
+
+    def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]:
+        """(how many vectors of `model` the user has, the newest one's pk or 0): enough to
+        tell whether a copy loaded earlier is still whole (one index range count)."""
+        row = self.conn.execute(
+            select(func.count(), func.coalesce(func.max(V.c.pk), 0)).where(
+                V.c.tenant_id == tenant_id, V.c.user_id == user_id, V.c.model == model
+            )
+        ).one()
+        return int(row[0]), int(row[1])
+
+    def load(
+        self, tenant_id: str, user_id: str, model: str, *, after_pk: int = 0
+    ) -> list[StoredVector]:
+        """The user's `model` vectors stored after `after_pk`, in the order they were stored,
+        with their messages' places; only of messages that are still there and complete."""
+        rows = self.conn.execute(
+            select(V.c.pk, V.c.message_pk, M.c.conversation_pk, M.c.seq, V.c.vector)
+            .join(
+                M,
+                and_(
+                    M.c.pk == V.c.message_pk,
+                    M.c.tenant_id == tenant_id,
+                    M.c.user_id == user_id,
+                    M.c.status == "complete",
+                ),
+            )
+            .where(
+                V.c.tenant_id == tenant_id,
+                V.c.user_id == user_id,
+                V.c.model == model,
+                V.c.pk > after_pk,
+            )
+            .order_by(V.c.pk)
+        )
+        return [StoredVector(r.pk, r.message_pk, r.conversation_pk, r.seq, r.vector) for r in rows]
+
+    def count(self, tenant_id: str, user_id: str | None = None) -> int:
+        query = select(func.count()).where(V.c.tenant_id == tenant_id)
+        if user_id is not None:
+            query = query.where(V.c.user_id == user_id)
+        return int(self.conn.execute(query).scalar_one())
+
+    def delete_conversation(self, tenant_id: str, conversation_pk: int) -> int:
+        messages = select(M.c.pk).where(
+            M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk
+        )
+        result = self.conn.execute(
+            delete(V).where(V.c.tenant_id == tenant_id, V.c.message_pk.in_(messages))
+        )
+        return int(result.rowcount)
+
+    def delete_user(self, tenant_id: str, user_id: str) -> int:
+        result = self.conn.execute(
+            delete(V).where(V.c.tenant_id == tenant_id, V.c.user_id == user_id)
+        )
+        return int(result.rowcount)

@@ -1,0 +1,202 @@
+"""Recall with embeddings through the real server: stored messages are embedded by a
+background job, a question finds what it shares no word with when its vector is near, and an
+embeddings endpoint that fails or is slow leaves recall full-text only, never failing the chat."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.config import Config, ContextSettings, MemorySettings, UpstreamConfig
+from tests.conftest import KEY, make_config
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, concept_embedding, error_reply
+from tests.integration.test_recall import recall_section
+
+MODEL = "gpt-4o-mini"
+# What the fake embedding model knows: these words mean "dog".
+CONCEPTS = {"beagle": "dog", "puppy": "dog", "hound": "dog", "pet": "dog"}
+HISTORY = [
+    {"role": "user", "content": "I adopted a beagle puppy last week"},
+    {"role": "assistant", "content": "Congratulations on the new family member!"},
+    {"role": "user", "content": "My sister moved to Lisbon in March"},
+    {"role": "assistant", "content": "Lisbon is lovely in spring."},
+]
+# No word in common with the history (full-text search finds nothing), but near in meaning.
+QUESTION = "Which hound breed belongs to me?"
+
+
+def start(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, embeddings: str, **memory: Any
+) -> str:
+    fake, url = fake_upstream
+    fake.embed = partial(concept_embedding, concepts=CONCEPTS)
+    upstream = UpstreamConfig(kind="openai", base_url=url, api_key="k")
+    settings = MemorySettings(embeddings=embeddings, **memory)  # type: ignore[arg-type]
+    config: Config = make_config(
+        upstream, context=ContextSettings(token_budget=400), memory=settings
+    )
+    base: str = serve_proxy(config)
+    return base
+
+
+@pytest.fixture
+def fake(fake_upstream: tuple[FakeOpenAI, str]) -> FakeOpenAI:
+    return fake_upstream[0]
+
+
+async def client(base: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+
+
+async def jobs_done(http: httpx.AsyncClient, count: int) -> list[dict[str, Any]]:
+    """Wait (bounded) until `count` embedding jobs are done; their records."""
+    for _ in range(400):
+        listed = (await http.get("/memory/jobs", params={"kind": "embed_messages"})).json()
+        done = [j for j in listed["data"] if j["status"] == "done"]
+        if len(done) >= count:
+            return done
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"embedding jobs not done: {listed}")
+
+
+async def ask(http: httpx.AsyncClient, text: str, user: str = "alice") -> httpx.Response:
+    response = await http.post(
+        "/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": text}]},
+        headers={"X-Memory-User-Id": user, "X-Memory-Mode": "read"},
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+@pytest.fixture
+async def seeded(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A proxy with embeddings from the (fake) upstream, and alice's imported history
+    embedded."""
+    base = start(fake_upstream, serve_proxy, "upstream", embedding_timeout_ms=10_000)
+    async with await client(base) as http:
+        created = await http.post(
+            "/memory/conversations", json={"id": "pets", "user": "alice", "messages": HISTORY}
+        )
+        assert created.status_code == 201
+        (job,) = await jobs_done(http, 1)
+        assert job["result"]["embedded"] == 4
+        assert job["result"]["model"] == "text-embedding-3-small"
+        yield http
+
+
+async def test_a_question_finds_what_it_means_with_embeddings_on(
+    seeded: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    response = await ask(seeded, QUESTION)
+    section = recall_section(fake.chat_requests[-1])
+    assert section is not None
+    assert "beagle puppy" in section
+    assert int(response.headers["x-memory-memories"]) >= 1
+    # The question was embedded with the tenant's model.
+    asked = [r.json() for r in fake.requests if r.path.endswith("/embeddings")][-1]
+    assert asked == {
+        "model": "text-embedding-3-small",
+        "input": [QUESTION],
+        "encoding_format": "float",
+    }
+    # Nobody else's vectors: another user asking the same finds nothing.
+    await ask(seeded, QUESTION, user="bob")
+    assert recall_section(fake.chat_requests[-1]) is None
+
+
+async def test_without_embeddings_the_same_question_finds_nothing(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI
+) -> None:
+    base = start(fake_upstream, serve_proxy, "off")
+    async with await client(base) as http:
+        await http.post(
+            "/memory/conversations", json={"id": "pets", "user": "alice", "messages": HISTORY}
+        )
+        await ask(http, QUESTION)
+        assert recall_section(fake.chat_requests[-1]) is None
+        assert not [r for r in fake.requests if r.path.endswith("/embeddings")]
+        listed = (await http.get("/memory/jobs", params={"kind": "embed_messages"})).json()
+        assert listed["data"] == []
+
+
+async def metrics(http: httpx.AsyncClient) -> str:
+    root = str(http.base_url).rstrip("/").removesuffix("/v1")
+    return (await http.get(root + "/metrics")).text
+
+
+async def test_a_failing_embeddings_endpoint_leaves_recall_full_text_only(
+    seeded: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    # The next upstream request is the question's embedding (before the chat completion).
+    fake.script = [error_reply(500, "embeddings are down", "server_error")]
+    response = await ask(seeded, "What is my beagle called?")  # a word in common
+    section = recall_section(fake.chat_requests[-1])
+    assert section is not None and "beagle puppy" in section  # full-text recall still works
+    assert response.json()["choices"][0]["message"]["content"].startswith("fake reply")
+    assert 'memproxy_embedding_queries_total{outcome="error",tenant="t1"} 1.0' in (
+        await metrics(seeded)
+    )
+    await ask(seeded, QUESTION)  # the endpoint works again: found by meaning again
+    assert "beagle puppy" in (recall_section(fake.chat_requests[-1]) or "")
+
+
+async def test_a_slow_embeddings_endpoint_is_not_waited_for(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI
+) -> None:
+    base = start(fake_upstream, serve_proxy, "upstream", embedding_timeout_ms=50)
+    async with await client(base) as http:
+        await http.post(
+            "/memory/conversations", json={"id": "pets", "user": "alice", "messages": HISTORY}
+        )
+        await jobs_done(http, 1)
+        fake.script = [Reply(body={"data": []}, delay=5.0)]
+        await ask(http, "What is my beagle called?")
+        section = recall_section(fake.chat_requests[-1])
+        assert section is not None and "beagle puppy" in section
+        assert 'memproxy_embedding_queries_total{outcome="timeout",tenant="t1"} 1.0' in (
+            await metrics(http)
+        )
+
+
+async def test_chats_are_embedded_and_erasing_the_user_removes_the_vectors(
+    seeded: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    response = await seeded.post(
+        "/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Walked the pet today"}]},
+        headers={"X-Memory-User-Id": "alice"},
+    )
+    request_id = response.headers["x-request-id"]
+    done = await jobs_done(seeded, 2)
+    (job,) = [j for j in done if j["subject"] == request_id]
+    assert job["result"]["embedded"] == 2  # the turn and its reply
+    erased = (await seeded.delete("/memory/users/alice")).json()["deleted"]
+    assert erased["vectors"] == 6
+    await ask(seeded, QUESTION)
+    assert recall_section(fake.chat_requests[-1]) is None
+
+
+async def test_the_echo_upstream_serves_embeddings_to_the_default_install(
+    serve_proxy: Any,
+) -> None:
+    config = make_config(UpstreamConfig(kind="echo"), memory=MemorySettings(embeddings="upstream"))
+    base = serve_proxy(config)
+    async with await client(base) as http:
+        await http.post(
+            "/memory/conversations", json={"id": "pets", "user": "alice", "messages": HISTORY}
+        )
+        (job,) = await jobs_done(http, 1)
+        assert job["result"]["embedded"] == 4
+        response = await ask(http, "Tell me about Lisbon")
+        assert int(response.headers["x-memory-memories"]) >= 1
+        # Clients still get the echo upstream's 404 for /v1/embeddings.
+        public = await http.post("/embeddings", json={"model": "m", "input": "hi"})
+        assert public.status_code == 404

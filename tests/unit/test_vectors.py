@@ -1,0 +1,86 @@
+"""The stored form of embeddings (policies/vectors.py), and the start-up check of what a
+configuration's embeddings need (proxy/embeddings.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from policies.vectors import DTYPE, BadVector, decode, encode, normalised
+from proxy import embeddings
+from proxy.config import ConfigError, MemorySettings, UpstreamConfig
+from tests.conftest import make_config
+
+
+def test_vectors_are_stored_unit_length_as_little_endian_float32() -> None:
+    blob = encode([3.0, 4.0])
+    assert blob == struct.pack("<2f", 0.6, 0.8)
+    assert decode(blob) == pytest.approx([0.6, 0.8])
+    assert decode(blob, dims=2) == pytest.approx([0.6, 0.8])
+    # numpy reads the same bytes without conversion (how recall reads many at once).
+    assert np.frombuffer(blob, dtype=DTYPE).tolist() == pytest.approx([0.6, 0.8])
+
+
+def test_a_round_trip_keeps_float32_precision() -> None:
+    values = [0.1 * i - 0.37 for i in range(384)]
+    back = decode(encode(values), dims=384)
+    unit = normalised(values)
+    assert back == pytest.approx(unit, abs=1e-7)
+    assert sum(v * v for v in back) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "values", [[], [0.0, 0.0], [float("nan"), 1.0], [float("inf")], ["a", 1.0]]
+)
+def test_unusable_vectors_are_refused(values: list[Any]) -> None:
+    with pytest.raises(BadVector):
+        encode(values)
+
+
+def test_a_stored_vector_of_the_wrong_size_is_refused() -> None:
+    with pytest.raises(BadVector):
+        decode(b"\x00\x00\x80?\x00")
+    with pytest.raises(BadVector):
+        decode(encode([1.0, 2.0]), dims=3)
+
+
+def config_with(memory: MemorySettings, upstream: UpstreamConfig | None = None) -> Any:
+    return make_config(upstream or UpstreamConfig(kind="echo"), memory=memory)
+
+
+def test_embeddings_off_or_upstream_need_nothing_more() -> None:
+    embeddings.check_embeddings(config_with(MemorySettings()))
+    embeddings.check_embeddings(config_with(MemorySettings(embeddings="upstream")))
+    openai = UpstreamConfig(kind="openai", base_url="http://127.0.0.1:9/v1")
+    embeddings.check_embeddings(config_with(MemorySettings(embeddings="upstream"), openai))
+
+
+def test_missing_packages_fail_at_start_up_naming_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+    missing: set[str] = set()
+    monkeypatch.setattr(
+        embeddings.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in missing else real(name, *a),
+    )
+    missing.add(embeddings.LOCAL_PACKAGE)
+    with pytest.raises(ConfigError, match=r"^tenants\.t1\.memory\.embeddings: 'local' needs"):
+        embeddings.check_embeddings(config_with(MemorySettings(embeddings="local")))
+    missing.add("numpy")
+    with pytest.raises(ConfigError, match=r"^tenants\.t1\.memory\.embeddings: .*numpy"):
+        embeddings.check_embeddings(config_with(MemorySettings(embeddings="upstream")))
+
+
+def test_an_upstream_without_embeddings_is_refused() -> None:
+    litellm = UpstreamConfig(kind="litellm")
+    with pytest.raises(ConfigError, match=r"tenants\.t1\.memory\.embeddings: upstream 'main'"):
+        embeddings.check_embeddings(config_with(MemorySettings(embeddings="upstream"), litellm))
+    # Another upstream for the embeddings alone is fine.
+    ok = config_with(MemorySettings(embeddings="upstream", embedding_upstream="echo"), litellm)
+    embeddings.check_embeddings(ok)
