@@ -185,14 +185,20 @@ def _day(when: datetime) -> str:
     return when.strftime("%Y-%m-%d (%A)")
 
 
-def render(excerpts: Sequence[Excerpt], memories: Sequence[str] = ()) -> str:
-    """The recall section's text: the user's pinned memories, then per conversation a dated
-    heading and its excerpts quoted, a later day noted where an excerpt starts on one; then an
-    end marker."""
+def render(
+    excerpts: Sequence[Excerpt], memories: Sequence[str] = (), known: Sequence[str] = ()
+) -> str:
+    """The recall section's text: the user's pinned memories, the other memories relevant to
+    the turn, then per conversation a dated heading and its excerpts quoted, a later day noted
+    where an excerpt starts on one; then an end marker."""
     blocks = [HEADER]
-    if memories:
-        facts = "\n".join(f"> - {' '.join(m.split())}" for m in memories)
-        blocks.append(f"[what the user asked to be remembered]\n{facts}")
+    for heading, items in (
+        ("what the user asked to be remembered", memories),
+        ("what is known about the user", known),
+    ):
+        if items:
+            facts = "\n".join(f"> - {' '.join(m.split())}" for m in items)
+            blocks.append(f"[{heading}]\n{facts}")
     current: str | None = None
     day = ""
     for excerpt in in_order(excerpts):
@@ -219,21 +225,37 @@ def render(excerpts: Sequence[Excerpt], memories: Sequence[str] = ()) -> str:
     return "\n\n".join(blocks)
 
 
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """What `fit` kept, and the section as sent."""
+
+    excerpts: list[Excerpt]
+    memories: list[str]  # pinned
+    known: list[str]  # other memories, most relevant first
+    text: str
+    tokens: int
+
+
 def fit(
-    excerpts: Sequence[Excerpt], budget_tokens: int, memories: Sequence[str] = ()
-) -> tuple[list[Excerpt], list[str], str, int]:
-    """(excerpts, memories, rendered text, its tokens as a system message) within
-    `budget_tokens` by tiktoken's count of what is sent: `pack`'s estimates decide, this makes
-    sure, dropping the least valuable excerpt until it fits (the estimates are rarely off),
-    and pinned memories, which come first, only when they alone do not fit."""
-    chosen, kept = list(excerpts), list(memories)
-    while chosen or kept:
-        text = render(chosen, kept)
+    excerpts: Sequence[Excerpt],
+    budget_tokens: int,
+    memories: Sequence[str] = (),
+    known: Sequence[str] = (),
+) -> Fitted:
+    """The section within `budget_tokens` by tiktoken's count of what is sent: `pack`'s
+    estimates decide, this makes sure, dropping the least valuable excerpt until it fits (the
+    estimates are rarely off), then the least relevant of the other memories, and pinned
+    memories, which come first, only when they alone do not fit."""
+    chosen, kept, others = list(excerpts), list(memories), list(known)
+    while chosen or kept or others:
+        text = render(chosen, kept, others)
         tokens = count_message({"role": "system", "content": text})
         if tokens <= budget_tokens:
-            return chosen, kept, text, tokens
+            return Fitted(chosen, kept, others, text, tokens)
         if chosen:
             chosen.remove(min(chosen, key=lambda e: e.value))
+        elif others:
+            others.pop()
         else:
             kept.pop()
-    return [], [], "", 0
+    return Fitted([], [], [], "", 0)

@@ -41,6 +41,7 @@ from proxy.vector_index import SemanticQuery
 from storage.errors import StorageError
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.memories import Memories
 from storage.repositories.search import searchable_text
 
 log = structlog.get_logger("memproxy.completions")
@@ -406,6 +407,8 @@ class ChatExchange:
         assembly = self.assembly
         recalled = found if assembly is not None and assembly.recalled else NOTHING
         self.recalled_messages = recalled.messages
+        if recalled.memory_pks and turn is not None:
+            self._count_memory_use(turn, recalled.memory_pks)
         self.attached = {
             "history_messages": assembly.history_messages if assembly else 0,
             "context_tokens": assembly.context_tokens if assembly else 0,
@@ -455,17 +458,20 @@ class ChatExchange:
         )
 
     async def _recall(self, history: list[StoredTurn], budget: int) -> Recall:
-        """Stored turns of the user's conversations that match this one, within `budget`
-        tokens, leaving out what the prompt holds (the client's messages, `history`)."""
+        """The user's memories and the stored turns of their conversations that match this
+        one, within `budget` tokens, leaving out what the prompt holds (the client's messages,
+        `history`). Memories go with every call, a tool loop's too (those relevant to the
+        user's turn it answers); stored turns are searched for a user's turn, when
+        `context.recall` is on."""
         turn, ctx = self.turn, self.principal.tenant.context
-        if turn is None or turn.mode == "off" or not ctx.recall or budget <= 0:
+        if turn is None or turn.mode == "off" or budget <= 0:
             return NOTHING
         anonymous = turn.user_id == ANONYMOUS
-        if anonymous and turn.conversation is None:
-            return NOTHING  # no cross-conversation recall for the anonymous user
         newest = self.sent_messages[-1]
-        if newest.get("role") != "user":
-            return NOTHING
+        asks = newest.get("role") == "user"
+        search = ctx.recall and asks
+        if anonymous and (turn.conversation is None or not search):
+            return NOTHING  # no memories and no cross-conversation recall for the anonymous user
         in_prompt = [
             searchable_text(str(m.get("role")), m.get("content")) or ""
             for m in [*self.sent_messages, *(h.message for h in history)]
@@ -476,7 +482,14 @@ class ChatExchange:
                 self.services.db,
                 tenant_id=turn.tenant_id,
                 user_id=turn.user_id,
-                text=message_text(newest),
+                text=next(
+                    (
+                        message_text(m)
+                        for m in reversed(self.sent_messages)
+                        if m.get("role") == "user"
+                    ),
+                    "",
+                ),
                 exclude=in_prompt,
                 budget_tokens=budget,
                 candidates=ctx.recall_candidates
@@ -486,13 +499,29 @@ class ChatExchange:
                 hidden=(turn.conversation.pk, turn.visible_before)
                 if turn.conversation is not None and turn.visible_before is not None
                 else None,
-                semantic=await self._semantic(),
+                memory_share=ctx.memory_share,
+                semantic=await self._semantic() if search else None,
+                excerpts=search,
             )
         except StorageError as exc:  # recall is an addition: without it the request goes on
             log.warning("recall_failed", request_id=self.request_id, error=str(exc))
             found = NOTHING
         self.recall_ms = round((time.perf_counter() - started) * 1000, 3)
         return found
+
+    def _count_memory_use(self, turn: Turn, pks: list[int]) -> None:
+        """Memories attached to the turn: their access counts, off the request path (a
+        management call waits for it)."""
+
+        async def write() -> None:
+            try:
+                await self.services.db.write(
+                    lambda conn: Memories(conn).used(turn.tenant_id, pks, now())
+                )
+            except StorageError as exc:
+                log.warning("memory_use_not_counted", request_id=self.request_id, error=str(exc))
+
+        self.services.memory.track(turn, self.services.spawn(write()), metadata=True)
 
     async def _classify(self) -> bool:
         """The turn's intent: the keyword one (from begin(), where the history is known), and
@@ -641,6 +670,8 @@ async def chat_completion(
         return await chat.answer()
     except ProxyError as exc:
         _bill_nothing(exc)
+        if chat.intent is not None:  # classified before it failed (e.g. the upstream timed out)
+            exc.headers = {"x-memory-intent": chat.intent.header(), **exc.headers}
         raise
 
 

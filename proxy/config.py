@@ -116,6 +116,10 @@ class ContextSettings(_Strict):
     # Search hits ranked per request; null: one per 40 tokens of the recall budget (measured
     # on LoCoMo: fewer starve a large budget, more crowd a small one with weak hits).
     recall_candidates: int | None = Field(None, ge=1, le=500)
+    # The share of the recall budget that memories take: every pinned one (whatever this
+    # says, while they fit), then the others most relevant to the turn; excerpts of stored
+    # turns get what memories leave.
+    memory_share: float = Field(0.25, ge=0, le=1)
 
 
 class IntentLabel(_Strict):

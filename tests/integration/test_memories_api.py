@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.config import UpstreamConfig
+from proxy.config import ContextSettings, UpstreamConfig
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 
@@ -143,3 +143,65 @@ async def test_pinned_memories_reach_the_model_on_every_turn(
                 assert raw.headers["x-memory-memories"] == "1"
             else:
                 assert system == []  # bob has no memories
+
+
+async def test_other_memories_reach_the_model_when_the_turn_is_about_them(
+    api: httpx.AsyncClient, base: str, fake_upstream: tuple[FakeOpenAI, str]
+) -> None:
+    fake = fake_upstream[0]
+    pinned = await create(api, text="Allergic to peanuts", pinned=True)
+    bike = await create(api, text="Owns a red bicycle, ridden to work every day")
+    await create(api, text="Plays the cello in an amateur orchestra")
+    await create(api, text="Owns a red bicycle", user="bob")  # another user's
+    async with openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "my bicycle chain keeps slipping, why?"}],
+            extra_headers={"X-Memory-User-Id": "alice"},
+        )
+    (system,) = [m["content"] for m in fake.chat_requests[-1]["messages"] if m["role"] == "system"]
+    assert system.index("Allergic to peanuts") < system.index("[what is known about the user]")
+    assert "> - Owns a red bicycle, ridden to work every day" in system
+    assert "cello" not in system
+    assert raw.headers["x-memory-memories"] == "2"
+    exchange = (await api.get(f"/memory/exchanges/{raw.headers['x-request-id']}")).json()
+    assert exchange["attached"]["recalled"] == [
+        {"memory": pinned["id"], "pinned": True},
+        {"memory": bike["id"], "pinned": False},
+    ]
+    # Attaching them counted as a use of each.
+    listed = (await api.get("/memory/memories", params={"user": "alice"})).json()["data"]
+    counts = {m["text"]: (m["access_count"], m["last_used_at"] is not None) for m in listed}
+    assert counts == {
+        "Allergic to peanuts": (1, True),
+        "Owns a red bicycle, ridden to work every day": (1, True),
+        "Plays the cello in an amateur orchestra": (0, False),
+    }
+
+
+async def test_pinned_memories_go_along_without_recall_and_in_a_tool_loop(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    fake, upstream_url = fake_upstream
+    upstream = UpstreamConfig(kind="openai", base_url=upstream_url, api_key="k")
+    base = serve_proxy(make_config(upstream, context=ContextSettings(recall=False)))
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=base, headers=headers) as api:
+        await create(api, text="Allergic to peanuts", pinned=True)
+        await create(api, text="Loves peanut butter cookies")  # found only by a search
+    call = {"id": "call_1", "type": "function", "function": {"name": "bake", "arguments": "{}"}}
+    loop: list[Any] = [
+        {"role": "user", "content": "bake me peanut cookies"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "baked"},
+    ]
+    async with openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk:
+        for messages in (loop[:1], loop):
+            await sdk.chat.completions.create(
+                model="gpt-4o-mini", messages=messages, extra_headers={"X-Memory-User-Id": "alice"}
+            )
+            (system,) = [m for m in fake.chat_requests[-1]["messages"] if m["role"] == "system"]
+            # The memories, relevant ones too; no excerpts of stored turns (recall is off).
+            assert "> - Allergic to peanuts" in system["content"]
+            assert "> - Loves peanut butter cookies" in system["content"]
+            assert "> user:" not in system["content"]

@@ -94,20 +94,28 @@ def test_interleaved_conversations_render_under_one_heading_each_within_the_esti
     # A later day is noted where an excerpt starts on one; `fit` holds the budget exactly.
     assert "> ... [2026-05-" in text
     for budget in (150, 250, 330):
-        chosen, _, fitted, tokens = fit(pack(excerpts, budget), budget)
-        assert tokens == count_text(fitted) + 3 <= budget
-        assert chosen
+        fitted = fit(pack(excerpts, budget), budget)
+        assert fitted.tokens == count_text(fitted.text) + 3 <= budget
+        assert fitted.excerpts
 
 
 def test_pinned_memories_come_first_and_go_last() -> None:
     excerpts = rank({3: 5.0}, DIALOGUE, now=NOW)
     facts = ["Prefers metric units", "Is allergic to peanuts"]
-    chosen, kept, text, _ = fit(excerpts, 2000, facts)
-    assert kept == facts and chosen
-    assert text.index("allergic to peanuts") < text.index("Biscuit")
-    # Short of room, the excerpts go before the memories do.
-    chosen, kept, text, tokens = fit(excerpts, 110, facts)
-    assert (chosen, kept) == ([], facts) and tokens <= 110
+    known = ["Has a dog called Biscuit", "Lives near the sea"]
+    fitted = fit(excerpts, 2000, facts, known)
+    assert fitted.memories == facts and fitted.known == known and fitted.excerpts
+    text = fitted.text
+    assert text.index("allergic to peanuts") < text.index("near the sea") < text.index("> user:")
+    assert "[what the user asked to be remembered]" in text
+    assert "[what is known about the user]" in text
+    # Short of room, the excerpts go first, then the least relevant other memories, and the
+    # pinned ones last.
+    fitted = fit(excerpts, 100, facts, known)
+    assert (fitted.excerpts, fitted.memories, fitted.known) == ([], facts, known[:1])
+    assert fitted.tokens <= 100
+    fitted = fit(excerpts, 90, facts, known)
+    assert (fitted.excerpts, fitted.memories, fitted.known) == ([], facts, [])
 
 
 def test_a_window_too_big_for_the_room_left_goes_as_its_hit_alone() -> None:
