@@ -106,8 +106,9 @@ class UpstreamEmbedder:
 
 
 class LocalEmbedder:
-    """all-MiniLM-L6-v2 (384 dimensions) in this process: loaded on first use, in a worker
-    thread, one batch at a time (the model uses every core it gets)."""
+    """all-MiniLM-L6-v2 (384 dimensions) in this process: loaded on first use, run in a worker
+    thread. Background batches run one at a time (the model uses every core it gets); a
+    question (one text, on the request path) never waits behind them."""
 
     model = LOCAL_MODEL_NAME
 
@@ -124,14 +125,21 @@ class LocalEmbedder:
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
         model = self._loaded()
-        with self._run_lock:
-            vectors = model.encode(
+
+        def run() -> Any:
+            return model.encode(
                 texts,
                 batch_size=LOCAL_BATCH,
                 normalize_embeddings=True,
                 show_progress_bar=False,
                 convert_to_numpy=True,
             )
+
+        if len(texts) == 1:  # a question: inference is safe to run beside a batch
+            vectors = run()
+        else:
+            with self._run_lock:
+                vectors = run()
         return [[float(x) for x in row] for row in vectors]
 
     async def warm_up(self) -> None:
