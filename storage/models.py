@@ -243,6 +243,88 @@ class MessageVector(Base):
     )
 
 
+class Attachment(Base):
+    """A document attached to a conversation: uploaded through the management API, or sent
+    inline in a request body (stored in mode `full`). `content` is its text (extracted from
+    PDF or HTML); its chunks are what search and the processing plan work with."""
+
+    __tablename__ = "attachments"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64))  # the client-visible id, unique per tenant
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    conversation_pk: Mapped[int] = mapped_column(
+        PK, ForeignKey("conversations.pk", ondelete="CASCADE")
+    )
+    title: Mapped[str | None] = mapped_column(String(512))
+    source: Mapped[str | None] = mapped_column(String(2048))
+    media_type: Mapped[str] = mapped_column(String(128))
+    origin: Mapped[str] = mapped_column(String(16))  # upload | inline
+    content: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(64))  # sha256 of `content`
+    tokens: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(Integer)  # as received
+    exchange_id: Mapped[str | None] = mapped_column(String(64))  # inline: the request's
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "id", name="uq_attachments_tenant_id"),
+        Index("ix_attachments_conversation", "tenant_id", "conversation_pk", "pk"),
+        Index("ix_attachments_user", "tenant_id", "user_id"),
+    )
+
+
+class AttachmentChunk(Base):
+    """A passage of an attachment, in order (`seq`), indexed for full-text search like the
+    messages (migration 0008: SQLite FTS5 `attachment_chunks_fts`, a GIN index on
+    PostgreSQL). Goes with its attachment."""
+
+    __tablename__ = "attachment_chunks"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    attachment_pk: Mapped[int] = mapped_column(PK, ForeignKey("attachments.pk", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    tokens: Mapped[int] = mapped_column(Integer)
+    # The token naming the attachment in the SQLite index (search.scope_token's kind).
+    search_scope: Mapped[str] = mapped_column(String(24))
+
+    __table_args__ = (Index("ix_attachment_chunks_attachment", "attachment_pk", "seq"),)
+
+
+class Summary(Base):
+    """A summary the proxy made, cached: of an attachment focused on a question, or of a
+    conversation's oldest turns (extended as more turns age out). `key` is a hash of what was
+    summarised, the focus and the model, so the same content is never summarised twice for
+    the same focus. `user_id` and `subject` (an attachment or conversation id) let erasure and
+    deletes find them."""
+
+    __tablename__ = "summaries"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    key: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # attachment | history
+    user_id: Mapped[str] = mapped_column(String(256))
+    subject: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(128))
+    text: Mapped[str] = mapped_column(Text)
+    tokens: Mapped[int] = mapped_column(Integer)
+    # What it covers, e.g. {"through_seq": 41} for history.
+    covers: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    hits: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    used_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "key", name="uq_summaries_key"),
+        Index("ix_summaries_subject", "tenant_id", "kind", "subject"),
+        Index("ix_summaries_user", "tenant_id", "user_id"),
+    )
+
+
 class UsageCounter(Base):
     """Requests, tokens and spend of a tenant in one window (a minute, a UTC day or month):
     the shared totals that replicas reconcile their local limit counters against."""
@@ -264,4 +346,7 @@ EXCHANGES = cast(Table, Exchange.__table__)
 USAGE_COUNTERS = cast(Table, UsageCounter.__table__)
 MEMORIES = cast(Table, Memory.__table__)
 JOBS = cast(Table, Job.__table__)
+ATTACHMENTS = cast(Table, Attachment.__table__)
+ATTACHMENT_CHUNKS = cast(Table, AttachmentChunk.__table__)
+SUMMARIES = cast(Table, Summary.__table__)
 MESSAGE_VECTORS = cast(Table, MessageVector.__table__)

@@ -167,3 +167,48 @@ class JobRecord:
     result: dict[str, Any] | None
     created_at: datetime
     updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AttachmentRecord:
+    pk: int
+    id: str
+    tenant_id: str
+    user_id: str
+    conversation_pk: int
+    title: str | None
+    source: str | None
+    media_type: str
+    origin: str
+    content: str
+    content_hash: str
+    tokens: int
+    size_bytes: int
+    exchange_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    pk: int
+    attachment_pk: int
+    seq: int
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRecord:
+    pk: int
+    tenant_id: str
+    key: str
+    kind: str
+    user_id: str
+    subject: str
+    model: str
+    text: str
+    tokens: int
+    covers: dict[str, Any]
+    hits: int
+    created_at: datetime
+    used_at: datetime

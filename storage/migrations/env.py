@@ -15,8 +15,13 @@ from storage.models import Base
 MIGRATION_LOCK_ID = 727_274_001
 
 
-# Search structures the models do not describe (made by hand in migration 0004).
-UNMODELLED = ("messages_fts", "ix_messages_search")
+# Search structures the models do not describe (made by hand in migrations 0004 and 0008).
+UNMODELLED = (
+    "messages_fts",
+    "ix_messages_search",
+    "attachment_chunks_fts",
+    "ix_attachment_chunks_search",
+)
 
 
 def _modelled(

@@ -168,16 +168,18 @@ class MessageSearch:
         hits: Sequence[Hit],
         radius: int = 1,
         *,
+        further_after: int = 1,
         max_tokens: int = 2**31 - 1,
     ) -> list[Found]:
-        """The hits' messages and their neighbours (`radius` messages either side, same
-        conversation), in conversation order; none larger than `max_tokens`."""
+        """The hits' messages and their neighbours (`radius` messages either side and
+        `further_after` more after, same conversation: recall may widen a strong hit's window
+        towards the reply), in conversation order; none larger than `max_tokens`."""
         if not hits:
             return []
         # Ranges of seq per conversation, merged: each an index range on (conversation, seq).
         ranges: list[tuple[int, int, int]] = []
         for conversation, first, last in sorted(
-            (h.conversation_pk, h.seq - radius, h.seq + radius) for h in hits
+            (h.conversation_pk, h.seq - radius, h.seq + radius + further_after) for h in hits
         ):
             if ranges and ranges[-1][0] == conversation and first <= ranges[-1][2] + 1:
                 ranges[-1] = (conversation, ranges[-1][1], max(last, ranges[-1][2]))

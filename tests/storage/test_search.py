@@ -22,7 +22,9 @@ async def search(db: Database, terms: list[str], **scope: Any) -> list[Hit]:
 async def found_texts(db: Database, terms: list[str], **scope: Any) -> list[str]:
     hits = await search(db, terms, **scope)
     tenant, user = scope.get("tenant", "t1"), scope.get("user", "alice")
-    around = await db.read(lambda c: MessageSearch(c).around(tenant, user, hits, radius=0))
+    around = await db.read(
+        lambda c: MessageSearch(c).around(tenant, user, hits, radius=0, further_after=0)
+    )
     return sorted(f.text for f in around)
 
 
@@ -113,12 +115,20 @@ async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
             msg("assistant", "two"),
             msg("user", "three oboe"),
             msg("assistant", "four"),
+            msg("user", "five"),
+            msg("assistant", "six"),
         ],
     )
     hits = await search(db, ["oboe"])
     around = await db.read(lambda c: MessageSearch(c).around("t1", "alice", hits))
+    # One either side and, by default, one more after (where a reply may go on).
     assert [(f.seq, f.text, f.conversation_id) for f in around] == [
         (2, "two", "c1"),
         (3, "three oboe", "c1"),
         (4, "four", "c1"),
+        (5, "five", "c1"),
     ]
+    around = await db.read(
+        lambda c: MessageSearch(c).around("t1", "alice", hits, radius=1, further_after=0)
+    )
+    assert [f.seq for f in around] == [2, 3, 4]

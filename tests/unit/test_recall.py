@@ -34,10 +34,16 @@ def test_query_terms_keep_content_words_once_in_order() -> None:
     assert len(query_terms(" ".join(f"word{i}" for i in range(100)))) == 24
 
 
-def test_a_hit_comes_with_the_turns_around_it() -> None:
-    (excerpt,) = rank({3: 5.0}, DIALOGUE, now=NOW)
-    assert [t.pk for t in excerpt.turns] == [2, 3, 4]
-    assert excerpt.hits == [3]
+def test_a_hit_comes_with_the_turns_around_it_and_a_strong_one_with_two_after() -> None:
+    chat = [turn(20 + seq, seq, f"turn {seq}") for seq in range(1, 13)]
+    strong, weak = rank({22: 5.0, 29: 2.0}, chat, now=NOW)
+    # The best hit (and any within STRONG_HIT of it) reaches the second turn after it, where
+    # the answer to what matched often is; a weaker hit keeps one turn either side.
+    assert [t.pk for t in strong.turns] == [21, 22, 23, 24]
+    assert [t.pk for t in weak.turns] == [28, 29, 30]
+    assert (strong.hits, weak.hits) == ([22], [29])
+    _, wide = rank({22: 5.0, 29: 2.0}, chat, now=NOW, strong=0.1)
+    assert [t.pk for t in wide.turns] == [28, 29, 30, 31]
 
 
 def test_overlapping_windows_merge_and_more_hits_are_worth_more() -> None:
@@ -54,7 +60,7 @@ def test_what_the_prompt_holds_is_not_recalled_again() -> None:
     excerpts = rank({3: 5.0}, DIALOGUE, now=NOW, exclude=["his NAME is biscuit,  he is a beagle"])
     assert excerpts == []  # the hit itself is in the prompt
     (excerpt,) = rank({3: 5.0}, DIALOGUE, now=NOW, exclude=["Biscuit is a lovely name"])
-    assert [t.pk for t in excerpt.turns] == [2, 3]
+    assert [t.pk for t in excerpt.turns] == [2, 3, 5]
 
 
 def test_recency_breaks_a_tie_between_equal_hits() -> None:
@@ -87,7 +93,8 @@ def test_interleaved_conversations_render_under_one_heading_each_within_the_esti
         turn(200 + i, i, f"note {i} about llamas", conversation="ab"[i % 2], days_ago=30 - i)
         for i in range(1, 13)
     ]
-    excerpts = rank({t.pk: 1.0 for t in turns}, turns, now=NOW, radius=0)
+    # Each hit alone (no radius, and none counts as strong enough to bring a turn after it).
+    excerpts = rank({t.pk: 1.0 for t in turns}, turns, now=NOW, radius=0, strong=2.0)
     text = render(pack(excerpts, 2000))
     assert text.count("[conversation of") == 2
     assert text.endswith("(End of excerpts.)")
