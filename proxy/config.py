@@ -199,8 +199,22 @@ class MemorySettings(_Strict):
 
 
 class SummarySettings(_Strict):
+    # `llm`: the oldest turns of a long conversation, beyond the history window, are
+    # summarised by `model` in a background job (extending the previous summary with the turns
+    # that aged out since), and the summary goes with the request in their place.
     mode: Annotated[Literal["off", "llm"], Off] = "off"
     model: str = "gpt-4o-mini"
+    # The upstream the summary model is called through; the tenant's own when null.
+    upstream: str | None = None
+    timeout_seconds: float = Field(60.0, gt=0)
+    # A history summary reaches this many messages past those that have aged out when it is
+    # made, and is extended when less than half of that lead is left, so that it still
+    # reaches the attached history while the next turns push the window on.
+    lead_messages: int = Field(8, ge=0, le=200)
+    # The summary's length (the call's max_tokens), and the new turns one call reads (a job
+    # makes several calls, each extending the last, when more than that has aged out).
+    max_tokens: int = Field(400, ge=50, le=4000)
+    input_tokens: int = Field(6000, ge=500, le=100_000)
 
 
 class Limits(_Strict):
@@ -284,6 +298,7 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
             ("intent", "upstream"),
             ("memory", "upstream"),
             ("memory", "embedding_upstream"),
+            ("summaries", "upstream"),
         ):
             settings = tenant.get(section)
             if isinstance(settings, dict) and settings.get(key):

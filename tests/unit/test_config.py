@@ -111,6 +111,10 @@ def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
             "tenants:\n  a: {api_keys: [k], upstream: nowhere}\n",
             r"^tenants\.a\.upstream: no upstream named 'nowhere'",
         ),
+        (
+            "tenants:\n  a: {api_keys: [k], summaries: {upstream: nowhere}}\n",
+            r"^tenants\.a\.summaries\.upstream: no upstream named 'nowhere'",
+        ),
         ("tenants:\n  a: {api_keys: []}\n", r"^tenants\.a\.api_keys: "),
         ("tenants:\n  a: {api_keys: [k], colour: blue}\n", r"^tenants\.a\.colour: Extra inputs"),
         (
