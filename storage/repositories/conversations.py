@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from storage.errors import ConflictError, StaleConversation
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
+from storage.repositories.attachments import Attachments
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import scope_token, searchable_text
 from storage.repositories.vectors import MessageVectors
@@ -303,11 +304,13 @@ class Conversations:
         return self.get(tenant_id, conversation_id)
 
     def delete(self, tenant_id: str, conversation_id: str) -> bool:
-        """Delete a conversation and its messages; its exchanges keep their figures."""
+        """Delete a conversation, its messages and attachments; its exchanges keep their
+        figures."""
         found = self.get(tenant_id, conversation_id)
         if found is None:
             return False
         MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
+        Attachments(self.conn).delete_conversation(tenant_id, found.pk)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )
@@ -367,6 +370,23 @@ class Conversations:
             earlier = [_message(r) for r in reversed(self.conn.execute(query).all())]
         return [*earlier, *own]
 
+    def tool_results(
+        self, tenant_id: str, conversation_pk: int, *, limit: int
+    ) -> Sequence[MessageRecord]:
+        """The conversation's newest `limit` tool results (its `tool` messages), oldest first."""
+        query = (
+            select(*_MESSAGE_COLUMNS)
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.conversation_pk == conversation_pk,
+                M.c.role == "tool",
+                M.c.status == "complete",
+            )
+            .order_by(M.c.seq.desc())
+            .limit(limit)
+        )
+        return [_message(r) for r in reversed(self.conn.execute(query).all())]
+
     def set_turn_meta(self, tenant_id: str, exchange_id: str, key: str, value: Any) -> bool:
         """Set `key` in the metadata of the last user message an exchange stored (e.g. its
         intent, known only after the fact). False if it stored none (or it is gone)."""
@@ -387,6 +407,7 @@ class Conversations:
     def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
         """Erase everything stored for one user of one tenant."""
         MessageVectors(self.conn).delete_user(tenant_id, user_id)  # (the messages' cascade too)
+        Attachments(self.conn).delete_user(tenant_id, user_id)  # (the conversations' too)
         messages = self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.user_id == user_id)
         )
