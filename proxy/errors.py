@@ -7,6 +7,7 @@
     ├── NotFound                    404
     ├── Conflict                    409
     ├── PayloadTooLarge             413
+    ├── UnsupportedMediaType        415 (e.g. an attachment of a kind the proxy cannot read)
     ├── Unprocessable               422 (e.g. an Idempotency-Key reused for another request)
     ├── RateLimited                 429, with retry-after
     ├── ServiceUnavailable          503
@@ -81,6 +82,10 @@ class Conflict(ProxyError):
 
 class PayloadTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    status, type, code = 415, "invalid_request_error", "unsupported_media_type"
 
 
 class Unprocessable(ProxyError):
