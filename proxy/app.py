@@ -36,6 +36,7 @@ from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory, now
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
+from proxy.routes import attachments as attachments_routes
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.routes import memories, memory, openai, ops, usage
@@ -166,6 +167,7 @@ def create_app(config: Config) -> Litestar:
             openai.passthrough,
             *memory.ROUTES,
             *memories.ROUTES,
+            attachments_routes.router(config.server),
             *jobs_routes.ROUTES,
             *usage.ROUTES,
             limits_routes.get_limits,

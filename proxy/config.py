@@ -68,6 +68,11 @@ class ServerConfig(_Strict):
     # Recall's vectors kept in memory per user (loaded from the database incrementally), in
     # all; the least recently used users' go first.
     embedding_cache_mb: int = Field(256, ge=0)
+    # Documents uploaded to /v1/memory/conversations/{id}/attachments: the file (or JSON
+    # content) as received, at most; and its extracted text, in tiktoken tokens, at most.
+    # An upload may be larger than max_body_bytes up to this size.
+    max_attachment_bytes: int = Field(10_000_000, gt=0)
+    max_attachment_tokens: int = Field(200_000, gt=0)
 
 
 class DatabaseConfig(_Strict):

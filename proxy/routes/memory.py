@@ -24,6 +24,7 @@ from proxy.responses import json_response
 from proxy.state import AppState
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
+from storage.repositories.attachments import Attachments
 from storage.repositories.conversations import Conversations
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
@@ -349,9 +350,11 @@ async def delete_user(
     def work(conn: Connection) -> dict[str, int]:
         tenant = principal.tenant_id
         vectors = MessageVectors(conn).delete_user(tenant, user_id)
+        attachments = Attachments(conn).delete_user(tenant, user_id)
         counts = Conversations(conn).delete_user(tenant, user_id)
         return {
             **counts,
+            "attachments": attachments,
             "memories": Memories(conn).delete_user(tenant, user_id),
             "jobs": Jobs(conn).delete_user(tenant, user_id),
             "vectors": vectors,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, text
+from sqlalchemy import Connection, bindparam, delete, func, insert, literal, select, text
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
@@ -29,6 +29,7 @@ A = ATTACHMENTS
 K = ATTACHMENT_CHUNKS
 _COLUMNS = columns(A, AttachmentRecord)
 _CHUNK_COLUMNS = columns(K, ChunkRecord)
+_WITHOUT_CONTENT = [literal("").label("content") if c.name == "content" else c for c in _COLUMNS]
 _TERM = re.compile(r"^\w+$")
 ORIGINS = ("upload", "inline")
 
@@ -149,10 +150,18 @@ class Attachments:
         return _record(row) if row else None
 
     def for_conversation(
-        self, tenant_id: str, conversation_pk: int, *, limit: int, after_pk: int | None = None
+        self,
+        tenant_id: str,
+        conversation_pk: int,
+        *,
+        limit: int,
+        after_pk: int | None = None,
+        with_content: bool = True,
     ) -> list[AttachmentRecord]:
-        """A conversation's attachments, oldest first; `after_pk`: those after that one."""
-        query = select(*_COLUMNS).where(
+        """A conversation's attachments, oldest first; `after_pk`: those after that one.
+        Without `with_content`, each record's `content` is "" (a listing need not read it)."""
+        fields = _COLUMNS if with_content else _WITHOUT_CONTENT
+        query = select(*fields).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
         if after_pk is not None:

@@ -119,6 +119,12 @@ async def test_create_get_list_and_chunks_in_order(db: Database) -> None:
         lambda c: Attachments(c).for_conversation("t1", conversation.pk, limit=1, after_pk=first.pk)
     )
     assert [a.id for a in paged] == [second.id]
+    bare = await db.read(
+        lambda c: Attachments(c).for_conversation(
+            "t1", conversation.pk, limit=1, with_content=False
+        )
+    )
+    assert bare[0].content == "" and bare[0].content_hash == first.content_hash
     assert (
         await db.read(lambda c: Attachments(c).for_conversation("t2", conversation.pk, limit=9))
         == []
