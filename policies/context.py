@@ -32,6 +32,7 @@ class StoredTurn:
 
     message: Message
     tokens: int
+    seq: int = 0  # its place in the conversation (0: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ class Assembly:
     context_tokens: int = 0
     dropped_for_window: int = 0
     recalled: bool = False  # the recall section went out (not dropped for the window)
+    summarized: bool = False  # the history summary went out (not dropped for the window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,7 @@ def assemble(
     *,
     recalled: Recalled | None = None,
     placement: str = "before_last_user",
+    summary: Recalled | None = None,
 ) -> Assembly:
     """Final messages for the upstream. `client_tokens` (the client's prompt tokens) is needed
     only when `budget.context_window` is set; pass None to skip the window check.
@@ -150,18 +153,29 @@ def assemble(
     into a system message right before the newest user message (`before_last_user`, which
     keeps the prompt's prefix stable for providers' prompt caches) or after the client's
     leading instructions (`after_system`). When the prompt would not fit the window, the
-    recall section goes first, then history from the oldest end."""
+    recall section goes first, then history from the oldest end.
+
+    `summary` (a summary of the stored turns older than the history, sized like `recalled`)
+    also takes its share first; it goes in a system message just before the recall section's,
+    and when the prompt would not fit the window it goes after the recall section, before any
+    history."""
     # History goes after the client's leading system/developer messages, before the rest.
     at = leading_instructions(client)
     answers_tool_call = at < len(client) and client[at].get("role") == "tool"
     recall_tokens = recalled.tokens if recalled else 0
-    history_budget = replace(budget, token_budget=max(0, budget.token_budget - recall_tokens))
+    summary_tokens = summary.tokens if summary else 0
+    history_budget = replace(
+        budget, token_budget=max(0, budget.token_budget - recall_tokens - summary_tokens)
+    )
     turns = select_history(history, history_budget, answers_tool_call=answers_tool_call)
     dropped = 0
     if budget.context_window is not None and client_tokens is not None:
         room = budget.context_window - budget.reserve_tokens - client_tokens - TOKENS_PER_REPLY
-        if recalled is not None and sum(t.tokens for t in turns) + recall_tokens > room:
+        history_tokens = sum(t.tokens for t in turns)
+        if recalled is not None and history_tokens + recall_tokens + summary_tokens > room:
             recalled, recall_tokens = None, 0
+        if summary is not None and history_tokens + summary_tokens > room:
+            summary, summary_tokens = None, 0
         keep = 1 if answers_tool_call else 0  # the call a client's tool reply answers stays
         while len(_units(turns)) > keep and sum(t.tokens for t in turns) > room:
             # Drop from the oldest end, keeping tool calls with their replies.
@@ -169,19 +183,18 @@ def assemble(
             dropped += len(units[0])
             turns = [t for unit in units[1:] for t in unit]
     messages = [*client[:at], *(t.message for t in turns), *client[at:]]
-    if recalled is not None:
-        section = {"role": "system", "content": recalled.text}
+    sections = [{"role": "system", "content": s.text} for s in (summary, recalled) if s]
+    if sections:
         last_user = max(
             (i for i, m in enumerate(messages) if m.get("role") == "user"), default=None
         )
-        if placement == "after_system" or last_user is None:
-            messages.insert(at, section)
-        else:
-            messages.insert(last_user, section)
+        where = at if placement == "after_system" or last_user is None else last_user
+        messages[where:where] = sections
     return Assembly(
         messages=messages,
         history_messages=len(turns),
-        context_tokens=sum(t.tokens for t in turns) + recall_tokens,
+        context_tokens=sum(t.tokens for t in turns) + recall_tokens + summary_tokens,
         dropped_for_window=dropped,
         recalled=recalled is not None,
+        summarized=summary is not None,
     )

@@ -16,6 +16,7 @@ from litestar.openapi import OpenAPIConfig
 from policies.extraction import JOB_KIND as EXTRACTION
 from policies.jobs import RetryPolicy
 from policies.pricing import Price, PriceBook
+from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.access import access_hook
@@ -41,6 +42,7 @@ from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.routes import memories, memory, openai, ops, usage
 from proxy.state import AppState, build_upstream, new_http_client
+from proxy.summaries import HistorySummarizer
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.vector_index import VectorIndex
 from storage import migrate
@@ -119,6 +121,7 @@ def create_app(config: Config) -> Litestar:
                 jobs.register(EXTRACTION, extractor)
                 embeddings = Embeddings(config, upstreams, metrics)
                 jobs.register(EMBED, MessageEmbedder(embeddings, db, metrics))
+                jobs.register(SUMMARIZE, HistorySummarizer(config, upstreams, db, charges, metrics))
                 vectors = None
                 if embeddings.settings:
                     vectors = VectorIndex(max_bytes=server.embedding_cache_mb * 2**20)

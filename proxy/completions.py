@@ -37,6 +37,7 @@ from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
+from proxy.summaries import summarize_history
 from proxy.vector_index import SemanticQuery
 from storage.errors import StorageError
 from storage.repositories.conversations import Conversations
@@ -207,8 +208,8 @@ async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
     except StorageError as exc:
         log.error("exchange_not_recorded", request_id=turn.request_id, error=str(exc))
         return
-    if turn.extract or turn.embed:
-        services.jobs.wake()  # its extraction / embedding job was queued with the reply
+    if turn.extract or turn.embed or turn.summarize_through is not None:
+        services.jobs.wake()  # its extraction / embedding / summary job was queued with the reply
 
 
 class ChatExchange:
@@ -389,6 +390,16 @@ class ChatExchange:
                 history,
                 replace(budget, token_budget=ctx.token_budget - max(0, recall_budget)),
             )
+        # Stored turns older than that history: their summary, out of the history's share.
+        summarized = await summarize_history(
+            self.services,
+            tenant,
+            turn,
+            messages,
+            history,
+            replace(budget, token_budget=ctx.token_budget - max(0, recall_budget)),
+        )
+        history = summarized.history
         found = await self._recall(history, recall_budget) if use_memory else NOTHING
         if history or found.section is not None:
             client_tokens = None
@@ -403,6 +414,7 @@ class ChatExchange:
                 client_tokens,
                 recalled=found.section,
                 placement=ctx.placement,
+                summary=summarized.section,
             )
         assembly = self.assembly
         recalled = found if assembly is not None and assembly.recalled else NOTHING
@@ -416,6 +428,8 @@ class ChatExchange:
             "recalled": recalled.record(),
             "recall_ms": self.recall_ms,
         }
+        if (summary := summarized.recorded(assembly)) is not None:
+            self.attached["summary"] = summary
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
 

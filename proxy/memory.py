@@ -31,6 +31,7 @@ from policies.identity import (
     split_request,
 )
 from policies.intent import Intent
+from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import count_message, message_text
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.config import ContextSettings
@@ -79,6 +80,8 @@ class Turn:
     extract: bool = False
     # Queue embedding of the stored messages with the reply (the tenant has embeddings on).
     embed: bool = False
+    # Queue a history summary covering the conversation through this seq, with the reply.
+    summarize_through: int | None = None
     # An exchange not yet written (mode off): `finish()` records it whole.
     pending: NewExchange | None = None
     # The keyword intent of the newest user turn, once the history it may refer to is known.
@@ -201,7 +204,7 @@ def _classify(
 
 
 def _stored(record: MessageRecord) -> StoredTurn:
-    return StoredTurn(record.to_openai(), record.tokens)
+    return StoredTurn(record.to_openai(), record.tokens, record.seq)
 
 
 class ConversationMemory:
@@ -502,6 +505,19 @@ class ConversationMemory:
         if turn.embed and conv is not None and turn.mode == "full":
             # The turn's messages (stored at begin) and a complete reply: whatever is there.
             Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EMBED, turn.request_id, now=now())
+        if turn.summarize_through is not None and conv is not None:
+            # Once per conversation and seq: the next requests that find the same need are
+            # not queued again. Charged to this exchange.
+            payload = {
+                "conversation_id": conv.id,
+                "conversation_pk": conv.pk,
+                "through_seq": turn.summarize_through,
+                "exchange_id": turn.request_id,
+            }
+            ref = f"{conv.pk}:{turn.summarize_through}"
+            Jobs(conn).enqueue(
+                turn.tenant_id, turn.user_id, SUMMARIZE, ref, now=now(), payload=payload
+            )
 
 
 def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:

@@ -131,6 +131,12 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.summary_cache = Counter(
+            "memproxy_summary_cache",
+            "Summary cache lookups, by kind (attachment, history) and outcome (hit, miss).",
+            ["tenant", "kind", "outcome"],
+            registry=r,
+        )
         self._models: set[str] = set()
 
     def model(self, name: str) -> str:

@@ -14,6 +14,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
+from policies.summaries import KIND as HISTORY
 from proxy.auth import Principal
 from proxy.completions import CONVERSATION_ID
 from proxy.embedding_jobs import queue_range
@@ -28,6 +29,7 @@ from storage.repositories.attachments import Attachments
 from storage.repositories.conversations import Conversations
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
 MANAGE = {"scope": "manage"}
@@ -263,9 +265,12 @@ async def delete_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    if not await services.db.write(
-        lambda conn: Conversations(conn).delete(principal.tenant_id, conversation_id)
-    ):
+    def work(conn: Connection) -> bool:
+        tenant = principal.tenant_id
+        Summaries(conn).delete_subject(tenant, HISTORY, conversation_id)
+        return Conversations(conn).delete(tenant, conversation_id)
+
+    if not await services.db.write(work):
         raise _not_found(conversation_id)
     return json_response(
         {"id": conversation_id, "object": "memory.conversation.deleted", "deleted": True}
@@ -357,6 +362,7 @@ async def delete_user(
             "attachments": attachments,
             "memories": Memories(conn).delete_user(tenant, user_id),
             "jobs": Jobs(conn).delete_user(tenant, user_id),
+            "summaries": Summaries(conn).delete_user(tenant, user_id),
             "vectors": vectors,
         }
 

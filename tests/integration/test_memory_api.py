@@ -159,6 +159,7 @@ async def test_another_tenants_conversation_is_404_everywhere(
         "attachments": 0,
         "memories": 0,
         "jobs": 0,
+        "summaries": 0,
         "vectors": 0,
     }
 
@@ -387,6 +388,7 @@ async def test_erasing_a_user_removes_everything_of_that_user_only(
             "attachments": 0,
             "memories": 0,
             "jobs": 0,
+            "summaries": 0,
             "vectors": 0,
         },
     }
