@@ -20,6 +20,7 @@ from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.access import access_hook
+from proxy.artifacts import Artifacts
 from proxy.auth import KeyRing
 from proxy.catalog import ModelCatalog
 from proxy.charges import MemoryCharges
@@ -140,6 +141,7 @@ def create_app(config: Config) -> Litestar:
                     charges=charges,
                     intents=IntentClassifiers(config, upstreams, metrics),
                     jobs=jobs,
+                    artifacts=Artifacts(config, upstreams, db, pricer, metrics),
                     extractor=extractor,
                     embeddings=embeddings,
                     vectors=vectors,

@@ -17,6 +17,7 @@ from sqlalchemy import Connection
 from policies.context import (
     Assembly,
     Budget,
+    Recalled,
     StoredTurn,
     assemble,
     history_for,
@@ -24,8 +25,15 @@ from policies.context import (
 )
 from policies.intent import Intent
 from policies.pricing import ZERO
-from policies.tokens import count_messages, message_text, upper_bound_tokens
+from policies.tokens import (
+    TOKENS_PER_MESSAGE,
+    count_messages,
+    count_text,
+    message_text,
+    upper_bound_tokens,
+)
 from proxy.access import request_info
+from proxy.artifacts import NOTHING_ATTACHED, Attached, parse_inline
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
 from proxy.embeddings import EMBED_CHARS, Vector
@@ -90,13 +98,17 @@ def read_extensions(request: Request[Any, Any, Any], body: dict[str, Any]) -> Ex
 
 
 def memory_headers(
-    turn: Turn | None, assembly: Assembly | None, degraded: bool, recalled: int = 0
+    turn: Turn | None,
+    assembly: Assembly | None,
+    degraded: bool,
+    recalled: int = 0,
+    attachments: int = 0,
 ) -> dict[str, str]:
     headers = {
         "x-memory-context-tokens": str(assembly.context_tokens if assembly else 0),
         "x-memory-history-messages": str(assembly.history_messages if assembly else 0),
         "x-memory-memories": str(recalled),
-        "x-memory-attachments": "0",
+        "x-memory-attachments": str(attachments),
         "x-memory-status": "degraded" if degraded else "ok",
     }
     if turn is not None and turn.conversation_id:
@@ -243,6 +255,11 @@ class ChatExchange:
         self.attached_by_policy: dict[str, Any] | None = None
         self.recalled_messages = 0
         self.recall_ms: float | None = None
+        # Documents sent with the request (`attachments`, checked here: a bad one costs no rpm)
+        # and what the attachments and tool results contributed.
+        self.inline = parse_inline(body.get("attachments"))
+        self.attached_artifacts = NOTHING_ATTACHED
+        self.attachments_count = 0
         # The question's embedding for recall, started early to overlap the other work.
         self.question_vector: asyncio.Task[Vector | None] | None = None
 
@@ -308,7 +325,13 @@ class ChatExchange:
             raise
         self.info.upstream_ms = (time.perf_counter() - forwarded) * 1000
 
-        headers = memory_headers(self.turn, self.assembly, self.degraded, self.recalled_messages)
+        headers = memory_headers(
+            self.turn,
+            self.assembly,
+            self.degraded,
+            self.recalled_messages,
+            self.attachments_count,
+        )
         if reply.chunks is not None:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
@@ -326,7 +349,11 @@ class ChatExchange:
             bill = outcome.bill
             await self.settle(outcome)
             response = to_response(self.request, reply, headers=headers)
-        intent, bill.memory_usd = self._intent_now()
+        intent, intent_usd = self._intent_now()
+        artifacts_usd = self.attached_artifacts.cost
+        bill.memory_usd = (
+            None if intent_usd is None or artifacts_usd is None else intent_usd + artifacts_usd
+        )
         response.headers.update(bill.headers())
         if intent is not None:
             response.headers["x-memory-intent"] = intent.header()
@@ -337,6 +364,11 @@ class ChatExchange:
         tenant = self.principal.tenant
         messages = self.sent_messages
         self._embed_question()
+        refs = [i.attachment_id for i in self.inline if i.attachment_id is not None]
+        if refs:  # an unknown id is a 400 before anything is stored
+            await self.services.artifacts.check_refs(
+                self.principal.tenant_id, self.ext.user_id, refs
+            )
         try:
             self.turn = await self.services.memory.begin(
                 intent_of=partial(self.services.intents.keyword, self.principal.tenant_id),
@@ -376,19 +408,22 @@ class ChatExchange:
             reserve_tokens=_reserve(self.body),
         )
         history = turn.history if turn is not None and use_memory else []
-        # Recall's share comes off the top, but never out of the newest messages that are
-        # kept whatever the budget; history is chosen for what recall leaves, and recall
-        # leaves out what history attaches.
-        recall_budget = ctx.token_budget
+        # Attachments first (up to their share, never out of the newest messages that are
+        # kept whatever the budget); then recall's share comes off the top of what they leave;
+        # history is chosen for what recall leaves, and recall leaves out what history
+        # attaches.
+        attached = await self._attach(history, budget, use_memory)
+        left = ctx.token_budget - attached.tokens
+        recall_budget = left
         if history:
             recall_budget = min(
                 int(ctx.token_budget * ctx.recall_share),
-                ctx.token_budget - mandatory_tokens(history, budget),
+                left - mandatory_tokens(history, budget),
             )
             history = history_for(
                 messages,
                 history,
-                replace(budget, token_budget=ctx.token_budget - max(0, recall_budget)),
+                replace(budget, token_budget=left - max(0, recall_budget)),
             )
         # Stored turns older than that history: their summary, out of the history's share.
         summarized = await summarize_history(
@@ -397,11 +432,12 @@ class ChatExchange:
             turn,
             messages,
             history,
-            replace(budget, token_budget=ctx.token_budget - max(0, recall_budget)),
+            replace(budget, token_budget=left - max(0, recall_budget)),
         )
         history = summarized.history
         found = await self._recall(history, recall_budget) if use_memory else NOTHING
-        if history or found.section is not None:
+        section = _with_attachments(found.section, attached)
+        if history or section is not None:
             client_tokens = None
             if window is not None:
                 client_tokens = upper_bound_tokens(messages)
@@ -412,13 +448,15 @@ class ChatExchange:
                 history,
                 budget,
                 client_tokens,
-                recalled=found.section,
+                recalled=section,
                 placement=ctx.placement,
                 summary=summarized.section,
             )
         assembly = self.assembly
-        recalled = found if assembly is not None and assembly.recalled else NOTHING
+        sent = assembly is not None and assembly.recalled  # (not dropped for the window)
+        recalled = found if sent else NOTHING
         self.recalled_messages = recalled.messages
+        self.attachments_count = attached.count if sent else 0
         if recalled.memory_pks and turn is not None:
             self._count_memory_use(turn, recalled.memory_pks)
         self.attached = {
@@ -430,6 +468,8 @@ class ChatExchange:
         }
         if (summary := summarized.recorded(assembly)) is not None:
             self.attached["summary"] = summary
+        if attached.items:
+            self.attached["attachments"] = attached.record(sent=sent)
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
 
@@ -471,6 +511,61 @@ class ChatExchange:
             min_similarity=memory.embedding_min_similarity,
         )
 
+    async def _attach(
+        self, history: list[StoredTurn], budget: Budget, use_memory: bool
+    ) -> Attached:
+        """The conversation's attachments, the request's inline ones and earlier tool results,
+        fitted into the attachments' share of the budget (the request's inline documents are
+        stored with the conversation first in mode `full`). Inline documents go in every mode;
+        stored ones not in mode `off`."""
+        turn, tenant = self.turn, self.principal.tenant
+        if turn is None or not use_memory:
+            return NOTHING_ATTACHED
+        conversation = turn.conversation if turn.mode != "off" else None
+        if conversation is None and not self.inline:
+            return NOTHING_ATTACHED
+        ctx = tenant.context
+        room = int(ctx.token_budget * tenant.attachments.share)
+        if history:
+            room = min(room, ctx.token_budget - mandatory_tokens(history, budget))
+        artifacts = self.services.artifacts
+        # Tool results the prompt may hold: the client's, and those of the most history could
+        # attach (the stored tail read covers a little more than the history window).
+        at_most = history_for(self.sent_messages, history, budget)
+        in_prompt = {
+            str(m.get("tool_call_id"))
+            for m in [*self.sent_messages, *(h.message for h in at_most)]
+            if m.get("role") == "tool"
+        }
+        try:
+            stored = False
+            if self.inline and turn.mode == "full" and conversation is not None:
+                await artifacts.store_inline(
+                    tenant_id=turn.tenant_id,
+                    user_id=turn.user_id,
+                    conversation_pk=conversation.pk,
+                    exchange_id=turn.request_id,
+                    inline=self.inline,
+                )
+                stored = True
+            attached = await artifacts.attach(
+                tenant,
+                tenant_id=turn.tenant_id,
+                user_id=turn.user_id,
+                conversation_pk=conversation.pk if conversation else None,
+                conversation_end=conversation.next_seq if conversation else 0,
+                inline=self.inline,
+                stored_inline=stored,
+                in_prompt_calls=in_prompt,
+                question=_last_user_text(self.sent_messages),
+                budget=room,
+            )
+        except StorageError as exc:  # an addition: without it the request goes on
+            log.warning("attachments_failed", request_id=self.request_id, error=str(exc))
+            return NOTHING_ATTACHED
+        self.attached_artifacts = attached
+        return attached
+
     async def _recall(self, history: list[StoredTurn], budget: int) -> Recall:
         """The user's memories and the stored turns of their conversations that match this
         one, within `budget` tokens, leaving out what the prompt holds (the client's messages,
@@ -496,14 +591,7 @@ class ChatExchange:
                 self.services.db,
                 tenant_id=turn.tenant_id,
                 user_id=turn.user_id,
-                text=next(
-                    (
-                        message_text(m)
-                        for m in reversed(self.sent_messages)
-                        if m.get("role") == "user"
-                    ),
-                    "",
-                ),
+                text=_last_user_text(self.sent_messages),
                 exclude=in_prompt,
                 budget_tokens=budget,
                 candidates=ctx.recall_candidates
@@ -630,6 +718,29 @@ class ChatExchange:
             if self.turn is not None:
                 # Management calls (the exchange record, usage reports) wait for it.
                 self.services.memory.track(self.turn, task, metadata=True)
+        if self.attached_artifacts.calls:
+            task = self.services.spawn(self._charge_artifacts())
+            if self.turn is not None:
+                self.services.memory.track(self.turn, task, metadata=True)
+
+    async def _charge_artifacts(self) -> None:
+        """The planner's and summariser's calls, charged to the exchange once it is recorded
+        (their cost is in the response's `x-cost-memory-usd` already)."""
+        turn, tenant, services = self.turn, self.principal.tenant_id, self.services
+        if turn is not None and turn.pending is not None:
+            await services.deferred.settle()  # its record is written in a batch
+        for kind, model, usage in self.attached_artifacts.calls:
+            if turn is None:
+                services.limits.spend(
+                    tenant, usage.total_tokens, services.pricer.prices.cost(model, usage)
+                )
+                continue
+            try:
+                await services.charges.charge(
+                    tenant, turn.request_id, kind=kind, model=model, usage=usage
+                )
+            except StorageError as exc:
+                log.error("artifact_cost_not_recorded", request_id=turn.request_id, error=str(exc))
 
     async def _record_llm_intent(self, task: asyncio.Task[LLMIntent]) -> None:
         """When the LLM's intent arrives (maybe after the response), it replaces the keyword
@@ -692,6 +803,24 @@ async def chat_completion(
 def _bill_nothing(exc: ProxyError) -> None:
     """Every chat completion says what it cost: a refused or failed one, nothing."""
     exc.headers = {**nothing_billed().headers(), **exc.headers}
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The newest user turn's text (a tool loop's calls answer it too)."""
+    return next((message_text(m) for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def _with_attachments(recalled: Recalled | None, attached: Attached) -> Recalled | None:
+    """One context section: recall's (memories, excerpts), then the attachments'."""
+    if not attached.text:
+        return recalled
+    if recalled is None:
+        return Recalled(attached.text, attached.tokens + TOKENS_PER_MESSAGE)
+    separator = "\n\n"
+    return Recalled(
+        recalled.text + separator + attached.text,
+        recalled.tokens + count_text(separator) + attached.tokens,
+    )
 
 
 def _reserve(body: dict[str, Any]) -> int:

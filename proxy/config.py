@@ -203,6 +203,24 @@ class MemorySettings(_Strict):
     embedding_min_similarity: float = Field(0.2, ge=-1, le=1)
 
 
+class AttachmentSettings(_Strict):
+    """Documents attached to conversations (stored or inline) and earlier tool results: how
+    much of the budget they may take, and how they are fitted (policies/artifacts.py)."""
+
+    # The share of context.token_budget they may take; history and recall get the rest.
+    share: float = Field(0.6, ge=0, le=1)
+    # `llm`: when they do not all fit, one call of `planner_model` picks each one's strategy
+    # (validated; a bad or late plan falls back to the rule). `off`: the rule alone.
+    planner: Annotated[Literal["off", "llm"], Off] = "off"
+    planner_model: str = "gpt-4o-mini"
+    # The upstream of the planner and of attachment summaries; the tenant's own when null.
+    upstream: str | None = None
+    # Each planner or summary call, at most; then the rule, or no summary.
+    timeout_ms: int = Field(5000, gt=0)
+    # Earlier tool results of the conversation offered as artifacts (0: none).
+    tool_results: int = Field(10, ge=0, le=100)
+
+
 class SummarySettings(_Strict):
     # `llm`: the oldest turns of a long conversation, beyond the history window, are
     # summarised by `model` in a background job (extending the previous summary with the turns
@@ -213,9 +231,10 @@ class SummarySettings(_Strict):
     upstream: str | None = None
     timeout_seconds: float = Field(60.0, gt=0)
     # A history summary reaches this many messages past those that have aged out when it is
-    # made, and is extended when less than half of that lead is left, so that it still
-    # reaches the attached history while the next turns push the window on.
-    lead_messages: int = Field(8, ge=0, le=200)
+    # made (never past the newest stored one), and is extended when less than half of that
+    # lead is left, so that it still reaches the attached history while the next turns push
+    # the window on: the larger, the fewer summariser calls.
+    lead_messages: int = Field(20, ge=0, le=200)
     # The summary's length (the call's max_tokens), and the new turns one call reads (a job
     # makes several calls, each extending the last, when more than that has aged out).
     max_tokens: int = Field(400, ge=50, le=4000)
@@ -238,6 +257,7 @@ class TenantSettings(_Strict):
     intent: IntentSettings = IntentSettings()
     memory: MemorySettings = MemorySettings()
     summaries: SummarySettings = SummarySettings()
+    attachments: AttachmentSettings = AttachmentSettings()
     limits: Limits = Limits()
     fail_open: bool = True
 
@@ -304,6 +324,7 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
             ("memory", "upstream"),
             ("memory", "embedding_upstream"),
             ("summaries", "upstream"),
+            ("attachments", "upstream"),
         ):
             settings = tenant.get(section)
             if isinstance(settings, dict) and settings.get(key):

@@ -137,6 +137,13 @@ class Metrics:
             ["tenant", "kind", "outcome"],
             registry=r,
         )
+        self.artifacts = Counter(
+            "memproxy_artifacts",
+            "Attachments and tool results considered, by strategy (include_full, "
+            "relevant_passages, summarize, exclude) and planner (rule, llm).",
+            ["tenant", "strategy", "planner"],
+            registry=r,
+        )
         self._models: set[str] = set()
 
     def model(self, name: str) -> str:

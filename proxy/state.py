@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from proxy.artifacts import Artifacts
 from proxy.auth import KeyRing, Principal
 from proxy.catalog import ModelCatalog
 from proxy.charges import MemoryCharges
@@ -45,6 +46,7 @@ class AppState:
     charges: MemoryCharges
     intents: IntentClassifiers
     jobs: JobRunner
+    artifacts: Artifacts
     extractor: MemoryExtractor
     embeddings: Embeddings
     # Recall's vectors (None while no tenant has embeddings on: numpy is then not needed).

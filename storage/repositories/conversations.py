@@ -371,14 +371,16 @@ class Conversations:
         return [*earlier, *own]
 
     def tool_results(
-        self, tenant_id: str, conversation_pk: int, *, limit: int
+        self, tenant_id: str, conversation_pk: int, *, after_seq: int, limit: int
     ) -> Sequence[MessageRecord]:
-        """The conversation's newest `limit` tool results (its `tool` messages), oldest first."""
+        """The conversation's newest `limit` tool results (its `tool` messages) after
+        `after_seq` (an index range: the caller bounds how far back to look), oldest first."""
         query = (
             select(*_MESSAGE_COLUMNS)
             .where(
                 M.c.tenant_id == tenant_id,
                 M.c.conversation_pk == conversation_pk,
+                M.c.seq > after_seq,
                 M.c.role == "tool",
                 M.c.status == "complete",
             )

@@ -57,12 +57,16 @@ def test_a_document_larger_than_the_budget_gives_its_relevant_passages_only() ->
     budget = 300
     relevance = score_passages("how do I reset the router?", artifacts)
     plan = plan_by_rule(artifacts, relevance, budget, summaries=False)
-    items = {i.artifact.key: i for i in carry_out(plan, artifacts, relevance, budget, summaries=False)}
+    items = {
+        i.artifact.key: i for i in carry_out(plan, artifacts, relevance, budget, summaries=False)
+    }
     assert items["manual"].strategy == "relevant_passages"
     assert [p.seq for p in items["manual"].passages] == [1]  # the reset passage, not the filler
     assert items["note"].strategy == "include_full"  # relevant and small
     assert items["recipe"].strategy == "exclude"  # no room left for what does not matter
-    used = SECTION_TOKENS + sum(i.tokens + ARTIFACT_TOKENS for i in items.values() if i.strategy != "exclude")
+    used = SECTION_TOKENS + sum(
+        i.tokens + ARTIFACT_TOKENS for i in items.values() if i.strategy != "exclude"
+    )
     assert used <= budget
     text = render(list(items.values()), {})
     assert "hold the recessed button" in text and "committee" not in text
@@ -75,7 +79,10 @@ def test_a_large_document_nothing_matches_is_summarised_or_opened() -> None:
     (choice,) = plan_by_rule(artifacts, relevance, 250, summaries=True)
     assert choice.strategy == "summarize"
     (item,) = carry_out([choice], artifacts, relevance, 250, summaries=True)
-    assert (item.strategy, item.summary_tokens) == ("summarize", 250 - SECTION_TOKENS - ARTIFACT_TOKENS)
+    assert (item.strategy, item.summary_tokens) == (
+        "summarize",
+        250 - SECTION_TOKENS - ARTIFACT_TOKENS,
+    )
     assert "a summary focused" in render([item], {"manual": "A router manual."})
     # Without summaries: its opening passages.
     (choice,) = plan_by_rule(artifacts, relevance, 250, summaries=False)
@@ -134,10 +141,30 @@ def test_the_planner_is_asked_with_previews_sizes_and_the_budget() -> None:
     [
         "not json",
         reply([{"key": "manual", "strategy": "include_full", "priority": 1}]),  # one left out
-        reply([{"key": "manual", "strategy": "shrink", "priority": 1}, {"key": "note", "strategy": "exclude", "priority": 2}]),
-        reply([{"key": "manual", "strategy": "exclude", "priority": "high"}, {"key": "note", "strategy": "exclude", "priority": 2}]),
-        reply([{"key": "ghost", "strategy": "exclude", "priority": 1}, {"key": "note", "strategy": "exclude", "priority": 2}]),
-        reply([{"key": "note", "strategy": "exclude", "priority": 1}, {"key": "note", "strategy": "exclude", "priority": 2}]),
+        reply(
+            [
+                {"key": "manual", "strategy": "shrink", "priority": 1},
+                {"key": "note", "strategy": "exclude", "priority": 2},
+            ]
+        ),
+        reply(
+            [
+                {"key": "manual", "strategy": "exclude", "priority": "high"},
+                {"key": "note", "strategy": "exclude", "priority": 2},
+            ]
+        ),
+        reply(
+            [
+                {"key": "ghost", "strategy": "exclude", "priority": 1},
+                {"key": "note", "strategy": "exclude", "priority": 2},
+            ]
+        ),
+        reply(
+            [
+                {"key": "note", "strategy": "exclude", "priority": 1},
+                {"key": "note", "strategy": "exclude", "priority": 2},
+            ]
+        ),
         json.dumps({"plan": "all of it"}),
     ],
 )

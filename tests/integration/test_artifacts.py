@@ -1,0 +1,361 @@
+"""Attachments and earlier tool results on the request path, through the real server and the
+official SDK: inline documents reach the upstream as planned (whole, their relevant passages,
+a summary focused on the question, or not at all), are stored with the conversation in mode
+`full`, and the budget rule holds; the planner and the summariser (their own fake upstream,
+scripted) are optional, cached, charged, and degrade to the rule or to leaving a document out
+when they fail."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from policies.tokens import count_message
+from proxy.config import (
+    AttachmentSettings,
+    Config,
+    ContextSettings,
+    PriceConfig,
+    SummarySettings,
+    TenantConfig,
+    UpstreamConfig,
+)
+from tests.conftest import KEY, OTHER_TENANT_KEY
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
+from tests.fakes.server import ServerThread
+
+HELPER_MODEL = "helper-model"
+PRICES = {HELPER_MODEL: PriceConfig(input_per_mtok=1, output_per_mtok=2)}
+ALICE = {"X-Memory-User-Id": "alice"}
+FILLER = (
+    "The quarterly report covers regional sales figures, staffing changes in the northern "
+    "office, and a long discussion of the new cafeteria menu, which nobody asked about."
+)
+SECRET = "The launch code for the rocket is PINEAPPLE-42, kept in the blue safe."
+BIG = "\n\n".join([FILLER] * 30 + [SECRET] + [FILLER] * 30)
+
+
+@pytest.fixture
+def helper_model() -> Iterator[tuple[FakeOpenAI, str]]:
+    """The planner's and summariser's own fake OpenAI API."""
+    app = FakeOpenAI()
+    with ServerThread(app) as server:
+        yield app, server.url + "/v1"
+
+
+def config(main_url: str, helper_url: str, **settings: Any) -> Config:
+    context = settings.pop("context", ContextSettings(token_budget=1000))
+    return Config(
+        upstreams={
+            "main": UpstreamConfig(kind="openai", base_url=main_url, api_key="k"),
+            "helper": UpstreamConfig(kind="openai", base_url=helper_url, api_key="k"),
+        },
+        pricing=PRICES,
+        tenants={
+            "t1": TenantConfig(
+                api_keys=[KEY],
+                upstream="main",
+                context=context,
+                attachments=settings.pop(
+                    "attachments", AttachmentSettings(upstream="helper", planner_model=HELPER_MODEL)
+                ),
+                **settings,
+            ),
+            "t2": TenantConfig(api_keys=[OTHER_TENANT_KEY], upstream="main"),
+        },
+    )
+
+
+def said(content: str) -> Reply:
+    return Reply(
+        body={
+            "id": "chatcmpl-helper",
+            "object": "chat.completion",
+            "created": 1,
+            "model": HELPER_MODEL,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100},
+        }
+    )
+
+
+class Proxy:
+    def __init__(self, base_url: str, fake: FakeOpenAI) -> None:
+        self.fake = fake
+        self.sdk = openai.AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+        self.http = httpx.AsyncClient(base_url=base_url, headers={"authorization": f"Bearer {KEY}"})
+
+    async def ask(
+        self, text: str, attachments: list[Any] | None = None, **headers: str
+    ) -> tuple[httpx.Headers, str]:
+        """One turn; the response headers and the proxy's context section as sent."""
+        extra: dict[str, Any] = {"attachments": attachments} if attachments is not None else {}
+        raw = await self.sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": text}],
+            extra_headers={**ALICE, **headers},
+            extra_body=extra,
+        )
+        sent = self.fake.chat_requests[-1]
+        assert "attachments" not in sent  # never forwarded
+        system = [m["content"] for m in sent["messages"] if m["role"] == "system"]
+        return raw.headers, "\n".join(system)
+
+    async def record(self, headers: httpx.Headers) -> dict[str, Any]:
+        response = await self.http.get(f"/memory/exchanges/{headers['x-request-id']}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def close(self) -> None:
+        await self.sdk.close()
+        await self.http.aclose()
+
+
+@pytest.fixture
+async def start(
+    fake_upstream: tuple[FakeOpenAI, str],
+    helper_model: tuple[FakeOpenAI, str],
+    serve_proxy: Callable[[Config], str],
+) -> AsyncIterator[Callable[..., Proxy]]:
+    opened: list[Proxy] = []
+
+    def open_(**settings: Any) -> Proxy:
+        base = serve_proxy(config(fake_upstream[1], helper_model[1], **settings))
+        opened.append(Proxy(base, fake_upstream[0]))
+        return opened[-1]
+
+    yield open_
+    for proxy in opened:
+        await proxy.close()
+
+
+def budget_holds(headers: httpx.Headers, system: str, budget: int = 1000) -> None:
+    added = int(headers["x-memory-context-tokens"])
+    assert added <= budget
+    assert count_message({"role": "system", "content": system}) <= added
+
+
+async def test_a_small_document_goes_whole_and_stays_with_the_conversation(
+    start: Callable[..., Proxy],
+) -> None:
+    proxy = start()
+    doc = {"content": "Our wifi password is hunter2.", "title": "house notes"}
+    headers, system = await proxy.ask("what is the wifi password?", [doc])
+    assert headers["x-memory-attachments"] == "1"
+    assert "> Our wifi password is hunter2." in system
+    assert "[document 'house notes'" in system and "whole]" in system
+    budget_holds(headers, system)
+    record = await proxy.record(headers)
+    (item,) = record["attached"]["attachments"]["items"]
+    assert (item["kind"], item["strategy"], item["original_tokens"]) == (
+        "attachment",
+        "include_full",
+        item["included_tokens"],
+    )
+    # Stored with the conversation: the next turn (which does not send it) still has it.
+    conversation = headers["x-memory-conversation-id"]
+    headers, system = await proxy.ask(
+        "and the password again?", **{"X-Memory-Conversation-Id": conversation}
+    )
+    assert "hunter2" in system and headers["x-memory-attachments"] == "1"
+    # Sending it again does not store it twice.
+    headers, system = await proxy.ask("thanks", [doc], **{"X-Memory-Conversation-Id": conversation})
+    assert system.count("hunter2") == 1
+
+
+async def test_a_document_larger_than_the_budget_gives_its_relevant_passage(
+    start: Callable[..., Proxy],
+) -> None:
+    proxy = start()
+    headers, system = await proxy.ask("what is the launch code for the rocket?", [{"content": BIG}])
+    assert "PINEAPPLE-42" in system
+    # Its passage (a few paragraphs around the code), not the irrelevant bulk of 60.
+    assert system.count("cafeteria") <= 10
+    budget_holds(headers, system)
+    record = await proxy.record(headers)
+    (item,) = record["attached"]["attachments"]["items"]
+    assert item["strategy"] == "relevant_passages"
+    assert item["included_tokens"] < item["original_tokens"]
+    assert record["attached"]["attachments"]["planner"] == "rule"
+
+
+async def test_in_mode_read_a_document_is_used_but_not_stored(start: Callable[..., Proxy]) -> None:
+    proxy = start()
+    headers, system = await proxy.ask(
+        "what is the wifi password?",
+        [{"content": "The wifi password is swordfish."}],
+        **{"X-Memory-Mode": "read"},
+    )
+    assert "swordfish" in system and headers["x-memory-attachments"] == "1"
+    headers, system = await proxy.ask("what is the wifi password?", **{"X-Memory-Mode": "read"})
+    assert "swordfish" not in system and headers["x-memory-attachments"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("attachments", "param"),
+    [
+        ("not a list", "attachments"),
+        ([{"title": "no content"}], "attachments[0].content"),
+        ([{"content": 42}], "attachments[0].content"),
+        ([{"content": "ok"}, {"attachment_id": 7}], "attachments[1].attachment_id"),
+        ([{"content": "ok", "colour": "red"}], "attachments[0].colour"),
+        ([{"content": "   "}], "attachments[0].content"),
+        ([{"attachment_id": "att_nope"}], "attachments[0].attachment_id"),
+    ],
+)
+async def test_bad_attachments_are_400_naming_the_field_and_store_nothing(
+    start: Callable[..., Proxy], attachments: Any, param: str
+) -> None:
+    proxy = start()
+    with pytest.raises(openai.BadRequestError) as caught:
+        await proxy.ask("hello", attachments)
+    error = caught.value.response.json()["error"]
+    assert error["param"] == param
+    listed = (await proxy.http.get("/memory/conversations", params={"user": "alice"})).json()
+    assert listed["data"] == []
+    assert proxy.fake.chat_requests == []
+
+
+async def test_another_users_attachment_cannot_be_used(start: Callable[..., Proxy]) -> None:
+    proxy = start()
+    headers, _ = await proxy.ask(
+        "note this", [{"content": "Bob's bank PIN is 0000."}], **{"X-Memory-User-Id": "bob"}
+    )
+    record = await proxy.record(headers)
+    conversation = record["conversation_id"]
+    listed = await proxy.http.get(f"/memory/conversations/{conversation}/attachments")
+    if listed.status_code == 404:  # (the management endpoint is another change's)
+        pytest.skip("GET /v1/memory/conversations/{id}/attachments is not served yet")
+    attachment_id = listed.json()["data"][0]["id"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await proxy.ask("what is the PIN?", [{"attachment_id": attachment_id}])
+    assert caught.value.response.json()["error"]["code"] == "attachment_not_found"
+    # Bob may use his own by id, in another conversation.
+    _, system = await proxy.ask(
+        "what is my PIN?", [{"attachment_id": attachment_id}], **{"X-Memory-User-Id": "bob"}
+    )
+    assert "0000" in system
+
+
+async def test_a_summary_is_made_once_then_served_from_the_cache(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str]
+) -> None:
+    helper = helper_model[0]
+    proxy = start(summaries=SummarySettings(mode="llm", model=HELPER_MODEL))
+    helper.script = [said("A dull quarterly report; it mentions a rocket launch code.")]
+    question = "what's the gist?"  # no word of it in the document: summarised
+    headers, system = await proxy.ask(
+        question, [{"content": BIG, "title": "report"}], **{"X-Memory-Mode": "read"}
+    )
+    assert "> A dull quarterly report" in system
+    assert "a summary focused on the question" in system
+    (asked,) = helper.chat_requests
+    assert question in asked["messages"][1]["content"]
+    # 1000 x $1/M + 100 x $2/M, in the response and in the record.
+    assert headers["x-cost-memory-usd"] == "0.0012"
+    record = await proxy.record(headers)
+    (item,) = record["attached"]["attachments"]["items"]
+    assert (item["strategy"], item["cache"]) == ("summarize", "miss")
+    assert [p["kind"] for p in record["cost"]["parts"]] == ["summary"]
+    budget_holds(headers, system)
+    # The same document and question again: no summariser call.
+    headers, system = await proxy.ask(
+        question, [{"content": BIG, "title": "report"}], **{"X-Memory-Mode": "read"}
+    )
+    assert "> A dull quarterly report" in system
+    assert len(helper.chat_requests) == 1
+    (item,) = (await proxy.record(headers))["attached"]["attachments"]["items"]
+    assert item["cache"] == "hit"
+    assert headers["x-cost-memory-usd"] == "0"
+
+
+async def test_a_failing_summariser_leaves_the_document_out_and_the_chat_answers(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str]
+) -> None:
+    helper = helper_model[0]
+    proxy = start(summaries=SummarySettings(mode="llm", model=HELPER_MODEL))
+    helper.script = [error_reply(500, "the summariser is down")]
+    headers, system = await proxy.ask("give me the gist", [{"content": BIG}])
+    assert headers["x-memory-attachments"] == "0"
+    assert "cafeteria" not in system
+    (item,) = (await proxy.record(headers))["attached"]["attachments"]["items"]
+    assert (item["strategy"], item["cache"]) == ("exclude", "failed")
+
+
+async def test_the_planners_plan_is_followed_and_a_bad_one_gives_way_to_the_rule(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str]
+) -> None:
+    helper = helper_model[0]
+    proxy = start(
+        attachments=AttachmentSettings(upstream="helper", planner="llm", planner_model=HELPER_MODEL)
+    )
+    docs = [{"content": BIG, "title": "report"}, {"content": "Lunch is at noon.", "title": "memo"}]
+    helper.script = [
+        said(
+            json.dumps(
+                {
+                    "plan": [
+                        {"key": "inline:0", "strategy": "exclude", "priority": 2},
+                        {"key": "inline:1", "strategy": "include_full", "priority": 1},
+                    ]
+                }
+            )
+        )
+    ]
+    headers, system = await proxy.ask("what is the launch code?", docs, **{"X-Memory-Mode": "read"})
+    assert "Lunch is at noon." in system and "PINEAPPLE" not in system
+    attached = (await proxy.record(headers))["attached"]["attachments"]
+    assert attached["planner"] == "llm"
+    assert [i["strategy"] for i in attached["items"]] == ["exclude", "include_full"]
+    shown = helper.chat_requests[0]["messages"][1]["content"]
+    assert "key=inline:0 kind=attachment title=report" in shown
+    # A plan that names a document that is not there: the rule decides.
+    helper.script = [
+        said(json.dumps({"plan": [{"key": "ghost", "strategy": "exclude", "priority": 1}]}))
+    ]
+    headers, system = await proxy.ask("what is the launch code?", docs, **{"X-Memory-Mode": "read"})
+    assert "PINEAPPLE-42" in system
+    attached = (await proxy.record(headers))["attached"]["attachments"]
+    assert attached["planner"] == "rule (bad plan)"
+    budget_holds(headers, system)
+
+
+async def test_an_earlier_tool_result_is_there_for_a_follow_up(start: Callable[..., Proxy]) -> None:
+    proxy = start(
+        context=ContextSettings(token_budget=1000, max_history_messages=2, min_recent_messages=0)
+    )
+    call = {"id": "call_w", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    history: list[Any] = [
+        {"role": "user", "content": "check the weather in Oslo"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {
+            "role": "tool",
+            "tool_call_id": "call_w",
+            "content": "Oslo: 3 degrees, light snow, wind 20 km/h.",
+        },
+        {"role": "assistant", "content": "It is cold in Oslo."},
+        {"role": "user", "content": "thanks, and what about my dentist appointment?"},
+        {"role": "assistant", "content": "It is on Tuesday."},
+    ]
+    create = await proxy.http.post(
+        "/memory/conversations", json={"id": "trip", "user": "alice", "messages": history}
+    )
+    assert create.status_code == 201, create.text
+    headers, system = await proxy.ask(
+        "how strong was the wind in Oslo?", **{"X-Memory-Conversation-Id": "trip"}
+    )
+    assert "wind 20 km/h" in system
+    (item,) = (await proxy.record(headers))["attached"]["attachments"]["items"]
+    assert (item["artifact"], item["kind"]) == ("tool:call_w", "tool_result")
