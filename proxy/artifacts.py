@@ -314,10 +314,17 @@ class Artifacts:
             attached.planner = "rule"
             choices = plan_by_rule(artifacts, relevance, budget, summaries=summaries_on)
         attached.items = carry_out(choices, artifacts, relevance, budget, summaries=summaries_on)
+        # The summaries the plan asks for, at once (each bounded by the timeout).
+        await asyncio.gather(
+            *(
+                self._summary(tenant_id, user_id, tenant, item, question, attached)
+                for item in attached.items
+                if item.strategy == "summarize"
+            )
+        )
+        planner = attached.planner.split(" ", 1)[0]  # (the reason a plan fell back: not a label)
         for item in attached.items:
-            if item.strategy == "summarize":
-                await self._summary(tenant_id, user_id, tenant, item, question, attached)
-            self.metrics.artifacts.labels(tenant_id, item.strategy, attached.planner).inc()
+            self.metrics.artifacts.labels(tenant_id, item.strategy, planner).inc()
         attached.text = render(attached.items, attached.summary_texts)
         if attached.text:
             attached.tokens = await asyncio.to_thread(count_text, attached.text)

@@ -291,7 +291,7 @@ class ChatExchange:
             raise
 
     async def _answer(self) -> Response[Any]:
-        # memproxy's own extension: never forwarded (attachments are handled by a later feature).
+        # memproxy's own extension (read in __init__): never forwarded, in any mode.
         self.body.pop("attachments", None)
         await self._remember()
         body = self.body

@@ -24,7 +24,7 @@ from proxy.config import (
     UpstreamConfig,
 )
 from tests.conftest import KEY
-from tests.fakes.openai_upstream import FakeOpenAI, Reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
 from tests.fakes.server import ServerThread
 
 SUMMARY_MODEL = "summary-model"
@@ -137,15 +137,37 @@ def sections(sent: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.fixture
-async def client(
+async def start(
     fake_upstream: tuple[FakeOpenAI, str],
     summary_model: tuple[FakeOpenAI, str],
     serve_proxy: Callable[[Config], str],
-) -> AsyncIterator[Client]:
-    base_url = serve_proxy(config(fake_upstream[1], summary_model[1]))
-    opened = Client(base_url, fake_upstream[0])
-    yield opened
-    await opened.http.aclose()
+) -> AsyncIterator[Callable[..., Client]]:
+    """A proxy with these summary settings, and a thin client of it."""
+    opened: list[Client] = []
+
+    def open_(**summaries: Any) -> Client:
+        base_url = serve_proxy(config(fake_upstream[1], summary_model[1], **summaries))
+        opened.append(Client(base_url, fake_upstream[0]))
+        return opened[-1]
+
+    yield open_
+    for one in opened:
+        await one.http.aclose()
+
+
+@pytest.fixture
+def client(start: Callable[..., Client]) -> Client:
+    return start()
+
+
+async def four_turns(client: Client) -> tuple[str, list[dict[str, Any]]]:
+    """Turns 1-4: the fourth is the first with turns aged out (seq 1-4), and queues a job."""
+    for n in (1, 2, 3):
+        await client.turn(f"turn {n}")
+    return await client.turn("turn 4")
+
+
+TRUNCATED_AT_FIVE = ["turn 3", "fake reply to: turn 3", "turn 4", "fake reply to: turn 4", "turn 5"]
 
 
 async def test_a_long_conversation_is_summarised_once_and_extended_with_only_new_turns(
@@ -222,3 +244,35 @@ async def test_a_long_conversation_is_summarised_once_and_extended_with_only_new
     metrics = await client.metrics()
     assert 'memproxy_summary_cache_total{kind="history",outcome="hit",tenant="t1"} 3.0' in metrics
     assert 'memproxy_summary_cache_total{kind="history",outcome="miss",tenant="t1"} 1.0' in metrics
+
+
+async def test_a_failing_summariser_leaves_plain_truncation_recorded_and_the_job_dead_lettered(
+    client: Client, summary_model: tuple[FakeOpenAI, str]
+) -> None:
+    model = summary_model[0]
+    model.script = [error_reply(500, "summariser down")] * 4  # (turn 5 queues a job too)
+    fourth, _ = await four_turns(client)
+    job = await client.job(6, until=("dead",))
+    assert job["attempts"] == 2 and "500" in job["last_error"]
+    # Tried, retried, then dead-lettered; the failed calls cost nothing.
+    assert len(model.chat_requests) == 2
+    assert (await client.get(f"/memory/exchanges/{fourth}"))["cost"]["parts"] == []
+    # The chat goes on with plain truncation, and the record says there is no summary.
+    fifth, sent = await client.turn("turn 5")
+    assert [m["content"] for m in sent] == TRUNCATED_AT_FIVE
+    summary = await client.summary_record(fifth)
+    assert (summary["used"], summary["reason"]) == (False, "none yet")
+
+
+async def test_a_summariser_that_never_answers_times_out_and_never_holds_up_the_chat(
+    start: Callable[..., Client], summary_model: tuple[FakeOpenAI, str]
+) -> None:
+    model = summary_model[0]
+    client = start(timeout_seconds=0.2)
+    model.script = [Reply(hold=True)] * 4  # (turn 5 queues a job too)
+    await four_turns(client)
+    # The summary call is waiting; the next turn is answered meanwhile, truncated.
+    _, sent = await client.turn("turn 5")
+    assert [m["content"] for m in sent] == TRUNCATED_AT_FIVE
+    job = await client.job(6, until=("dead",))
+    assert "did not answer within 0.2 s" in job["last_error"]
