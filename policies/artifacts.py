@@ -13,7 +13,9 @@ include a summary focused on the question, or leave it out.
 - **Either plan is carried out the same way** (`carry_out`): by priority, within the budget;
   what does not fit is downgraded (whole -> passages -> left out), never cut mid-passage.
 - **Rendering** (`render`): quoted reference material, one block per artifact, saying what
-  of it is included.
+  of it is included; `fit` holds the rendered section to the budget by tiktoken's count of
+  what is sent (the plan works on estimates: quoting a document of many short lines costs a
+  token a line).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from policies.memories import stem
 from policies.model_json import clip, json_object
 from policies.recall import STOPWORDS, query_terms
+from policies.tokens import count_message
 
 Strategy = Literal["include_full", "relevant_passages", "summarize", "exclude"]
 STRATEGIES: tuple[Strategy, ...] = ("include_full", "relevant_passages", "summarize", "exclude")
@@ -254,6 +257,45 @@ def render(items: Sequence[Included], summaries: Mapping[str, str]) -> str:
     if not blocks:
         return ""
     return "\n\n".join([HEADER, *blocks, FOOTER])
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    items: list[Included]
+    text: str  # the section ("": nothing)
+    tokens: int  # as its own system message (tiktoken), 0 for nothing
+
+
+def fit(
+    items: Sequence[Included], summaries: Mapping[str, str], relevance: Relevance, budget: int
+) -> Fitted:
+    """The rendered section within `budget` tokens as sent (its own system message): while it
+    is over, the least relevant included artifact gives up its least relevant passage (a
+    whole one becomes its passages), and one down to a single passage or summarised goes."""
+    items = list(items)
+    while True:
+        text = render(items, summaries)
+        tokens = count_message({"role": "system", "content": text}) if text else 0
+        if tokens <= budget:
+            return Fitted(items, text, tokens)
+        included = [
+            (n, i)
+            for n, i in enumerate(items)
+            if i.strategy in ("include_full", "relevant_passages")
+            or (i.strategy == "summarize" and i.artifact.key in summaries)
+        ]
+        n, item = min(included, key=lambda ni: (relevance.best(ni[1].artifact), -ni[0]))
+        if item.strategy == "summarize" or len(item.passages) <= 1:
+            items[n] = Included(item.artifact, "exclude", item.planned)
+            continue
+        worst = min(item.passages, key=lambda p: (relevance.of(item.artifact, p), -p.seq))
+        kept = tuple(p for p in item.passages if p is not worst)
+        items[n] = replace(
+            item,
+            strategy="relevant_passages",
+            passages=kept,
+            tokens=sum(p.tokens + PASSAGE_TOKENS for p in kept),
+        )
 
 
 def _quoted(texts: Any) -> str:

@@ -27,11 +27,11 @@ from policies.artifacts import (
     Passage,
     Relevance,
     carry_out,
+    fit,
     footprint,
     parse_plan,
     plan_by_rule,
     planner_request,
-    render,
     score_passages,
 )
 from policies.chunks import counted_chunks
@@ -108,7 +108,7 @@ class Attached:
     """What the artifacts contribute to a turn."""
 
     text: str = ""  # the rendered section ("": nothing)
-    tokens: int = 0  # its tokens (tiktoken)
+    tokens: int = 0  # its tokens as a system message of its own (tiktoken)
     items: list[Included] = field(default_factory=list)
     planner: str = "none"  # none (everything fit) | rule | llm | rule (the llm failed: why)
     summaries: dict[str, str] = field(default_factory=dict)  # artifact key -> hit|miss|failed
@@ -325,9 +325,10 @@ class Artifacts:
         planner = attached.planner.split(" ", 1)[0]  # (the reason a plan fell back: not a label)
         for item in attached.items:
             self.metrics.artifacts.labels(tenant_id, item.strategy, planner).inc()
-        attached.text = render(attached.items, attached.summary_texts)
-        if attached.text:
-            attached.tokens = await asyncio.to_thread(count_text, attached.text)
+        fitted = await asyncio.to_thread(
+            fit, attached.items, attached.summary_texts, relevance, budget
+        )
+        attached.items, attached.text, attached.tokens = fitted.items, fitted.text, fitted.tokens
         attached.cost = self._cost(attached.calls)
         return attached
 

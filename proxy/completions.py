@@ -25,13 +25,7 @@ from policies.context import (
 )
 from policies.intent import Intent
 from policies.pricing import ZERO
-from policies.tokens import (
-    TOKENS_PER_MESSAGE,
-    count_messages,
-    count_text,
-    message_text,
-    upper_bound_tokens,
-)
+from policies.tokens import count_message, count_messages, message_text, upper_bound_tokens
 from proxy.access import request_info
 from proxy.artifacts import NOTHING_ATTACHED, Attached, parse_inline
 from proxy.auth import Principal
@@ -815,12 +809,9 @@ def _with_attachments(recalled: Recalled | None, attached: Attached) -> Recalled
     if not attached.text:
         return recalled
     if recalled is None:
-        return Recalled(attached.text, attached.tokens + TOKENS_PER_MESSAGE)
-    separator = "\n\n"
-    return Recalled(
-        recalled.text + separator + attached.text,
-        recalled.tokens + count_text(separator) + attached.tokens,
-    )
+        return Recalled(attached.text, attached.tokens)
+    text = recalled.text + "\n\n" + attached.text  # (one message: its overhead counts once)
+    return Recalled(text, count_message({"role": "system", "content": text}))
 
 
 def _reserve(body: dict[str, Any]) -> int:

@@ -16,12 +16,15 @@ from policies.artifacts import (
     Choice,
     Passage,
     carry_out,
+    fit,
+    footprint,
     parse_plan,
     plan_by_rule,
     planner_request,
     render,
     score_passages,
 )
+from policies.tokens import count_message, count_text
 
 
 def doc(key: str, *texts: str, tokens_each: int = 100, title: str | None = None) -> Artifact:
@@ -190,3 +193,49 @@ def test_passages_are_scored_by_the_questions_words() -> None:
     assert relevance.best(MANUAL) == relevance.of(MANUAL, MANUAL.passages[3]) > 0
     assert relevance.of(MANUAL, MANUAL.passages[0]) == 0
     assert score_passages("the of and", [MANUAL]).scores == {}
+
+
+def test_the_section_as_sent_fits_even_when_quoting_outgrows_the_estimates() -> None:
+    # A table of short lines: quoting costs about a token a line, which the plan's estimates
+    # (tokens of the text, a few per passage) do not see.
+    lines = [f"{n},{n * 7},ok" for n in range(200)]
+    rows = ["\n".join(lines[i : i + 50]) for i in range(0, 200, 50)]
+    table = Artifact(
+        "table",
+        "attachment",
+        "table",
+        sum(count_text(r) for r in rows),
+        tuple(Passage(i, r, count_text(r)) for i, r in enumerate(rows)),
+        "h-table",
+    )
+    question = "which row says 77?"
+    relevance = score_passages(question, [table, SMALL])
+    relevance.scores[("table", 0)] = 2.0  # the passage that holds row 11 (77) matters most
+    relevance.scores[("note", 0)] = 3.0  # and the note more than the table
+    budget = footprint([table, SMALL]) + 10  # everything fits, by the estimates
+    items = carry_out(
+        plan_by_rule([table, SMALL], relevance, budget, summaries=False),
+        [table, SMALL],
+        relevance,
+        budget,
+        summaries=False,
+    )
+    assert [i.strategy for i in items] == ["include_full", "include_full"]
+    assert count_message({"role": "system", "content": render(items, {})}) > budget
+    fitted = fit(items, {}, relevance, budget)
+    assert fitted.tokens == count_message({"role": "system", "content": fitted.text}) <= budget
+    table_item, note_item = fitted.items
+    assert note_item.strategy == "include_full"  # the more relevant one stays whole
+    assert table_item.strategy == "relevant_passages"
+    assert 0 in [p.seq for p in table_item.passages] and len(table_item.passages) < 4
+    assert "11,77,ok" in fitted.text
+
+
+def test_fit_leaves_out_everything_when_nothing_fits() -> None:
+    relevance = score_passages("router", [MANUAL])
+    (item,) = carry_out(
+        [Choice("manual", "include_full", 1)], [MANUAL], relevance, 10_000, summaries=False
+    )
+    fitted = fit([item], {}, relevance, 5)
+    assert (fitted.text, fitted.tokens) == ("", 0)
+    assert [i.strategy for i in fitted.items] == ["exclude"]
