@@ -46,6 +46,7 @@ def helper_model() -> Iterator[tuple[FakeOpenAI, str]]:
     app = FakeOpenAI()
     with ServerThread(app) as server:
         yield app, server.url + "/v1"
+        app.release.set()  # (held replies)
 
 
 def config(main_url: str, helper_url: str, **settings: Any) -> Config:
@@ -359,3 +360,26 @@ async def test_an_earlier_tool_result_is_there_for_a_follow_up(start: Callable[.
     assert "wind 20 km/h" in system
     (item,) = (await proxy.record(headers))["attached"]["attachments"]["items"]
     assert (item["artifact"], item["kind"]) == ("tool:call_w", "tool_result")
+
+
+@pytest.mark.parametrize("failure", ["error", "no answer"])
+async def test_a_failing_or_silent_planner_gives_way_to_the_rule(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str], failure: str
+) -> None:
+    helper = helper_model[0]
+    proxy = start(
+        attachments=AttachmentSettings(
+            upstream="helper", planner="llm", planner_model=HELPER_MODEL, timeout_ms=300
+        )
+    )
+    helper.script = [
+        error_reply(503, "planner overloaded") if failure == "error" else Reply(hold=True)
+    ]
+    docs = [{"content": BIG, "title": "report"}, {"content": "Lunch is at noon.", "title": "memo"}]
+    headers, system = await proxy.ask("what is the launch code?", docs, **{"X-Memory-Mode": "read"})
+    assert len(helper.chat_requests) == 1  # it was asked
+    assert "PINEAPPLE-42" in system  # the rule's choice: the relevant passage
+    attached = (await proxy.record(headers))["attached"]["attachments"]
+    assert attached["planner"] == "rule (the planner failed)"
+    assert headers["x-cost-memory-usd"] == "0"
+    budget_holds(headers, system)
