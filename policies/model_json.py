@@ -18,7 +18,7 @@ def json_object(content: Any) -> dict[str, Any] | None:
         stripped = stripped.rsplit("```", 1)[0]
     try:
         data = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -73,7 +73,7 @@ def _parse_embeddings(reply: UpstreamReply, count: int, upstream: str) -> list[l
         payload = msgspec.json.decode(reply.body or b"")
         data = sorted(payload["data"], key=lambda d: d["index"])
         vectors = [[float(v) for v in d["embedding"]] for d in data]
-    except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+    except (RecursionError, KeyError, TypeError, ValueError) as exc:
         raise EmbeddingError(f"upstream {upstream!r}: not an embeddings reply ({exc!r})") from None
     if len(vectors) != count or any(not v for v in vectors):
         raise EmbeddingError(f"upstream {upstream!r}: {len(vectors)} embeddings for {count} inputs")

@@ -18,7 +18,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest("The request body is empty; expected a JSON object.")
     try:
         body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (ValueError, RecursionError) as exc:
         raise BadRequest(
             f"We could not parse the JSON body of your request ({exc}). "
             "The OpenAI API expects a JSON payload."

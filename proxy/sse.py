@@ -75,7 +75,7 @@ class ReplyAssembler:
             return False
         try:
             event = msgspec.json.decode(payload)
-        except msgspec.DecodeError:
+        except (ValueError, RecursionError):
             return False
         if not isinstance(event, dict):
             return False
@@ -135,7 +135,7 @@ def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str,
     """(assistant message of choice 0, usage) from a non-streamed completion body."""
     try:
         data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (ValueError, RecursionError):
         return None, None
     if not isinstance(data, dict):
         return None, None

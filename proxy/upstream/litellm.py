@@ -254,7 +254,7 @@ def _status_error(response: httpx.Response) -> UpstreamStatusError:
     """The provider's error status, with its message and type in OpenAI's error shape."""
     try:
         payload = msgspec.json.decode(response.content)
-    except (msgspec.DecodeError, httpx.ResponseNotRead):
+    except (ValueError, RecursionError, httpx.ResponseNotRead):
         payload = None
     # Anthropic, Gemini and OpenAI nest it under "error"; Bedrock does not.
     error = payload.get("error", payload) if isinstance(payload, dict) else None

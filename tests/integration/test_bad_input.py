@@ -1,0 +1,279 @@
+"""Bad input against every endpoint of the real server: malformed JSON, wrong types, huge
+strings, deep nesting, invalid UTF-8, unknown roles, hostile ids (SQL and path characters) in
+paths, queries and headers. Every case is a 4xx in OpenAI's error shape, never a 500, and
+writes nothing: the table-driven cases leave the database exactly as it was; a fuzz run
+(hypothesis, fixed seed) throws random JSON and ids at every endpoint and then finds the
+database intact."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.config import ServerConfig, UpstreamConfig
+from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
+from tests.fakes.openai_upstream import FakeOpenAI
+
+USER = "alice"
+SEEDED = "c1"
+DEEP = b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+HUGE = "x" * 300_000
+MAX_BODY = 200_000
+
+# Bodies no endpoint that takes JSON accepts (each names why).
+BAD_BODIES: dict[str, bytes] = {
+    "empty": b"",
+    "truncated": b'{"user": "alice"',
+    "not an object": b'["user", "alice"]',
+    "a string": b'"hello"',
+    "null": b"null",
+    "invalid utf-8": b'{"user": "\xff\xfe"}',
+    "nested 5,000 deep": DEEP,
+    "NaN": b'{"user": NaN}',
+    "over max_body_bytes": json.dumps({"user": USER, "text": "y" * MAX_BODY}).encode(),
+}
+# Endpoint -> bodies that are well-formed JSON but wrong for it.
+WRONG_FIELDS: dict[tuple[str, str], list[Any]] = {
+    ("POST", "/v1/chat/completions"): [
+        {"model": "m"},
+        {"model": 5, "messages": [{"role": "user", "content": "x"}]},
+        {"model": "m", "messages": "hello"},
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
+        {"model": "m", "messages": [{"role": "user", "content": {"a": 1}}]},
+        {"model": "m", "messages": [{"role": "assistant", "tool_calls": "x"}]},
+        {"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": 1}]}]},
+        {"model": "m", "messages": [{"role": "user", "content": "x", "name": HUGE}]},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "attachments": "doc"},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "attachments": [{}]},
+        {"model": "\x00", "messages": [{"role": "user", "content": "x"}]},
+    ],
+    ("POST", "/v1/memory/conversations"): [
+        {},
+        {"user": ["alice"]},
+        {"user": USER, "id": "'; DROP TABLE conversations;--"},
+        {"user": USER, "id": "../../etc/passwd"},
+        {"user": USER, "id": "a" * 129},
+        {"user": USER, "title": 5},
+        {"user": USER, "messages": "hello"},
+        {"user": USER, "messages": [{"role": "user", "content": "x", "created_at": "2020-13-45"}]},
+        {"user": USER, "messages": [{"role": "user", "content": "x"}, {"role": "alien"}]},
+        {"user": HUGE},
+    ],
+    ("POST", "/v1/memory/conversations/c1/messages"): [
+        {},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}, 7]},
+    ],
+    ("PATCH", "/v1/memory/conversations/c1"): [
+        {"title": 5},
+        {"archived": "maybe"},
+        {"metadata": [1, 2]},
+        {"title": HUGE},
+    ],
+    ("POST", "/v1/memory/conversations/c1/attachments"): [
+        {},
+        {"content": 5},
+        {"content": "   "},
+        {"content": "x", "media_type": "application/x-evil"},
+        {"content": "x", "title": ["t"]},
+    ],
+    ("POST", "/v1/memory/memories"): [
+        {},
+        {"user": USER},
+        {"user": USER, "text": ""},
+        {"user": USER, "text": "x", "kind": 5},
+        {"user": USER, "text": "x", "confidence": "high"},
+        {"user": USER, "text": "x", "pinned": "yes"},
+        {"user": 5, "text": "x"},
+    ],
+}
+HOSTILE_IDS = [
+    "nope",
+    "'%20OR%20'1'='1",
+    "..%2F..%2Fetc%2Fpasswd",
+    "%00",
+    "%ff%fe",
+    "a" * 300,
+    "%E2%80%AE",
+    "c1%3B%20DROP%20TABLE%20messages",
+]
+ID_ROUTES = [
+    ("GET", "/v1/memory/conversations/{id}"),
+    ("PATCH", "/v1/memory/conversations/{id}"),
+    ("DELETE", "/v1/memory/conversations/{id}"),
+    ("GET", "/v1/memory/conversations/{id}/messages"),
+    ("POST", "/v1/memory/conversations/{id}/messages"),
+    ("GET", "/v1/memory/conversations/{id}/attachments"),
+    ("POST", "/v1/memory/conversations/{id}/attachments"),
+    ("GET", "/v1/memory/conversations/c1/attachments/{id}"),
+    ("DELETE", "/v1/memory/conversations/c1/attachments/{id}"),
+    ("GET", "/v1/memory/memories/{id}"),
+    ("PATCH", "/v1/memory/memories/{id}"),
+    ("DELETE", "/v1/memory/memories/{id}"),
+    ("GET", "/v1/memory/jobs/{id}"),
+    ("GET", "/v1/memory/exchanges/{id}"),
+]
+BAD_QUERIES = [
+    "/v1/memory/conversations?user=alice&limit=0",
+    "/v1/memory/conversations?user=alice&limit=lots",
+    "/v1/memory/conversations?user=alice&limit=99999999999999999999",
+    "/v1/memory/conversations?user=alice&after=%00",
+    "/v1/memory/memories?user=alice&pinned=perhaps",
+    "/v1/memory/jobs?status=exploded",
+    "/v1/memory/usage?group_by=colour",
+    "/v1/memory/usage?from=yesterday",
+    "/v1/memory/usage?from=2020-01-01&to=nonsense",
+]
+BAD_HEADERS = [
+    {"X-Memory-Conversation-Id": "'; DROP TABLE messages;--"},
+    {"X-Memory-Conversation-Id": "a" * 129},
+    {"X-Memory-Conversation-Id": "../../etc"},
+    {"X-Memory-Mode": "sometimes"},
+    {"X-Memory-User-Id": "u" * 1000},
+]
+
+
+@pytest.fixture
+def server(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> Iterator[tuple[httpx.Client, FakeOpenAI]]:
+    config = make_config(
+        UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k"),
+    )
+    config = config.model_copy(update={"server": ServerConfig(max_body_bytes=MAX_BODY)})
+    base = serve_proxy(config).removesuffix("/v1")
+    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as client:
+        seeded = client.post(
+            "/v1/memory/conversations",
+            json={"id": SEEDED, "user": USER, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert seeded.status_code == 201, seeded.text
+        yield client, fake_upstream[0]
+
+
+def openai_error(response: httpx.Response) -> str | None:
+    """What is wrong with a response that should be a 4xx OpenAI error (None: nothing)."""
+    if not 400 <= response.status_code < 500:
+        return f"status {response.status_code}: {response.text[:200]}"
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"not an OpenAI error body: {response.text[:200]}"
+    if set(error) != {"message", "type", "param", "code"} or not error["message"]:
+        return f"not OpenAI's error shape: {error}"
+    return None
+
+
+def snapshot(client: httpx.Client) -> dict[str, Any]:
+    """What the tenant holds, through the API."""
+    conversations = client.get("/v1/memory/conversations", params={"limit": 100}).json()["data"]
+    return {
+        "conversations": conversations,
+        "messages": {
+            c["id"]: client.get(f"/v1/memory/conversations/{c['id']}/messages").json()["data"]
+            for c in conversations
+        },
+        "memories": client.get("/v1/memory/memories", params={"user": USER}).json()["data"],
+        "attachments": client.get(f"/v1/memory/conversations/{SEEDED}/attachments").json()["data"],
+    }
+
+
+def test_every_bad_request_is_a_4xx_in_openais_shape_and_writes_nothing(
+    server: tuple[httpx.Client, FakeOpenAI],
+) -> None:
+    client, upstream = server
+    before = snapshot(client)
+    wrong: list[str] = []
+
+    def expect_error(method: str, path: str, case: str = "", **kwargs: Any) -> None:
+        response = client.request(method, path, **kwargs)
+        problem = openai_error(response)
+        if problem is not None:
+            wrong.append(f"{method} {path[:80]} {case or str(kwargs)[:80]}: {problem}")
+
+    json_type = {"content-type": "application/json"}
+    for method, path in WRONG_FIELDS:
+        for case, raw in BAD_BODIES.items():
+            expect_error(method, path, case, content=raw, headers=json_type)
+        for body in WRONG_FIELDS[(method, path)]:
+            expect_error(method, path, json=body)
+    for method, template in ID_ROUTES:
+        for hostile in HOSTILE_IDS:
+            body = {"messages": [{"role": "user", "content": "x"}], "content": "x", "text": "x"}
+            kwargs: dict[str, Any] = {"json": body} if method in ("POST", "PATCH") else {}
+            expect_error(method, template.replace("{id}", hostile), **kwargs)
+    for path in BAD_QUERIES:
+        expect_error("GET", path)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    for headers in BAD_HEADERS:
+        expect_error("POST", "/v1/chat/completions", json=chat, headers=headers)
+    # Another tenant's key on this tenant's ids, and no key at all.
+    other = {"authorization": f"Bearer {OTHER_TENANT_KEY}"}
+    for method, template in ID_ROUTES:
+        expect_error(method, template.replace("{id}", SEEDED), headers=other)
+    expect_error("GET", "/v1/memory/conversations", headers={"authorization": "Bearer nope"})
+
+    assert wrong == []
+    assert snapshot(client) == before
+    assert upstream.chat_requests == []  # nothing bad was forwarded
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner),
+    max_leaves=20,
+)
+FIELDS = ["model", "messages", "role", "content", "user", "id", "title", "text", "kind", "pinned"]
+BODIES = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), JSON_VALUES, max_size=6)
+ROUTES = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/memory/conversations"),
+    ("POST", "/v1/memory/conversations/{id}/messages"),
+    ("PATCH", "/v1/memory/conversations/{id}"),
+    ("POST", "/v1/memory/conversations/{id}/attachments"),
+    ("POST", "/v1/memory/memories"),
+    ("PATCH", "/v1/memory/memories/{id}"),
+    ("GET", "/v1/memory/conversations/{id}/messages"),
+    ("DELETE", "/v1/memory/memories/{id}"),
+]
+IDS = st.sampled_from([SEEDED, "nope"]) | st.text(
+    st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40
+)
+
+
+def test_fuzzed_bodies_and_ids_never_get_a_500_and_leave_the_database_intact(
+    server: tuple[httpx.Client, FakeOpenAI],
+) -> None:
+    client, _ = server
+
+    @settings(max_examples=200, derandomize=True, deadline=None)  # the same cases every run
+    @given(route=st.sampled_from(ROUTES), body=BODIES, ident=IDS)
+    def one(route: tuple[str, str], body: dict[str, Any], ident: str) -> None:
+        method, template = route
+        path = template.replace("{id}", quote(ident, safe=""))
+        kwargs: dict[str, Any] = {"json": body} if method in ("POST", "PATCH") else {}
+        response = client.request(method, path, **kwargs)
+        assert response.status_code < 500, response.text
+        if response.status_code >= 400:
+            assert openai_error(response) is None
+
+    one()
+    # What the fuzz was allowed to write reads back whole, and the file is consistent.
+    for conversation in snapshot(client)["conversations"]:
+        read = client.get(f"/v1/memory/conversations/{quote(conversation['id'], safe='')}/messages")
+        assert read.status_code == 200
+    with sqlite3.connect(Path("memproxy.db")) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
