@@ -129,11 +129,14 @@ def history_for(
     return select_history(history, budget, answers_tool_call=answers_tool_call)
 
 
-def mandatory_tokens(history: Sequence[StoredTurn], budget: Budget) -> int:
-    """Tokens of the newest `min_recent_messages` stored messages: attached over any budget,
-    so the most that may be left for anything else is the budget less these."""
-    recent = history[-budget.min_recent_messages :] if budget.min_recent_messages else []
-    return sum(t.tokens for t in recent)
+def mandatory_tokens(
+    client: Sequence[Message], history: Sequence[StoredTurn], budget: Budget
+) -> int:
+    """Tokens of the stored messages attached over any budget: the newest
+    `min_recent_messages`, with the whole tool unit (a call and its replies) that reaches past
+    them, and the call a client's tool reply answers. The most that may be left for anything
+    else is the budget less these."""
+    return sum(t.tokens for t in history_for(client, history, replace(budget, token_budget=0)))
 
 
 def assemble(

@@ -102,7 +102,7 @@ def fit_summary(
         return Fitted(history, False, "none yet", aged)
     if not reaches(covered, aged):
         return Fitted(history, False, "behind", aged)
-    if tokens > budget.token_budget - mandatory_tokens(loaded, budget):
+    if tokens > budget.token_budget - mandatory_tokens(client, loaded, budget):
         return Fitted(history, False, "too large", aged)
     shorter = history_for(
         client, loaded, replace(budget, token_budget=budget.token_budget - tokens)

@@ -412,7 +412,7 @@ class ChatExchange:
         if history:
             recall_budget = min(
                 int(ctx.token_budget * ctx.recall_share),
-                left - mandatory_tokens(history, budget),
+                left - mandatory_tokens(messages, history, budget),
             )
             history = history_for(
                 messages,
@@ -521,7 +521,9 @@ class ChatExchange:
         ctx = tenant.context
         room = int(ctx.token_budget * tenant.attachments.share)
         if history:
-            room = min(room, ctx.token_budget - mandatory_tokens(history, budget))
+            room = min(
+                room, ctx.token_budget - mandatory_tokens(self.sent_messages, history, budget)
+            )
         artifacts = self.services.artifacts
         # Tool results the prompt may hold: the client's, and those of the most history could
         # attach (the stored tail read covers a little more than the history window).

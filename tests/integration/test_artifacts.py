@@ -383,3 +383,35 @@ async def test_a_failing_or_silent_planner_gives_way_to_the_rule(
     assert attached["planner"] == "rule (the planner failed)"
     assert headers["x-cost-memory-usd"] == "0"
     budget_holds(headers, system)
+
+
+async def test_the_budget_holds_when_a_tool_unit_straddles_the_newest_messages(
+    start: Callable[..., Proxy],
+) -> None:
+    # The newest two stored messages are tool replies; the large call they answer is kept
+    # with them over any budget, so the document gets only what that leaves.
+    proxy = start(context=ContextSettings(token_budget=1000, min_recent_messages=2))
+    calls = [
+        {"id": f"call_{n}", "type": "function", "function": {"name": "f", "arguments": args}}
+        for n, args in (("a", json.dumps({"q": "lorem ipsum " * 220})), ("b", "{}"))
+    ]
+    history: list[Any] = [
+        {"role": "user", "content": "look both up"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_a", "content": "ok"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "ok"},
+    ]
+    create = await proxy.http.post(
+        "/memory/conversations", json={"id": "tools", "user": "alice", "messages": history}
+    )
+    assert create.status_code == 201, create.text
+    headers, system = await proxy.ask(
+        "what does the quarterly report say about the cafeteria and the launch code?",
+        [{"content": BIG}],
+        **{"X-Memory-Conversation-Id": "tools"},
+    )
+    kept = sum(count_message(m) for m in history[1:])
+    assert 400 < kept < 600
+    assert int(headers["x-memory-history-messages"]) >= 3
+    assert kept < int(headers["x-memory-context-tokens"]) <= 1000
+    assert "PINEAPPLE-42" in system  # what room is left still holds the relevant passage

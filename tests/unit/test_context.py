@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.context import Budget, StoredTurn, assemble, select_history
+from policies.context import Budget, StoredTurn, assemble, mandatory_tokens, select_history
 
 
 def msg(role: str, text: str = "x", **extra: Any) -> dict[str, Any]:
@@ -176,3 +176,23 @@ def test_a_call_missing_replies_ends_the_run_unless_it_is_the_newest() -> None:
     assert (
         select_history(history[:3], Budget(token_budget=1000, min_recent_messages=6)) == history[:1]
     )
+
+
+def test_what_is_kept_over_any_budget_includes_the_whole_tool_unit_at_the_line() -> None:
+    # The newest two messages are tool replies; the (large) call they answer comes with them.
+    both = {**call("a"), "tool_calls": [*call("a")["tool_calls"], *call("b")["tool_calls"]]}
+    history = [
+        StoredTurn(msg("user", "check both"), 10, 1),
+        StoredTurn(both, 750, 2),
+        StoredTurn(reply("a"), 5, 3),
+        StoredTurn(reply("b"), 5, 4),
+    ]
+    budget = Budget(token_budget=1000, min_recent_messages=2)
+    kept = select_history(history, Budget(token_budget=0, min_recent_messages=2))
+    assert [t.seq for t in kept] == [2, 3, 4]
+    assert mandatory_tokens([msg("user", "next")], history, budget) == 760
+    # A client's tool reply keeps the call it answers, whatever min_recent_messages says.
+    answered = [StoredTurn(msg("user", "hi"), 10, 1), StoredTurn(call("z"), 400, 2)]
+    none_kept = Budget(token_budget=1000, min_recent_messages=0)
+    assert mandatory_tokens([reply("z")], answered, none_kept) == 400
+    assert mandatory_tokens([msg("user", "hi")], answered[:1], none_kept) == 0

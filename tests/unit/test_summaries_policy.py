@@ -211,7 +211,7 @@ def test_budget_rule_holds_with_a_summary(
         token_budget=token_budget, max_history_messages=max_history, min_recent_messages=min_recent
     )
     recall_budget = min(
-        int(token_budget * recall_share), token_budget - mandatory_tokens(loaded, budget)
+        int(token_budget * recall_share), token_budget - mandatory_tokens(client, loaded, budget)
     )
     share = Budget(
         token_budget=token_budget - max(0, recall_budget),
@@ -227,7 +227,7 @@ def test_budget_rule_holds_with_a_summary(
     recalled = Recalled("R", recall_tokens) if recall_tokens else None
     summary = Recalled("S", summary_tokens) if fitted.used else None
     result = assemble(client, fitted.history, budget, recalled=recalled, summary=summary)
-    mandatory = mandatory_tokens(loaded, budget)
+    mandatory = mandatory_tokens(client, loaded, budget)
     assert result.context_tokens <= max(token_budget, mandatory)
     if fitted.used:
         assert result.summarized
