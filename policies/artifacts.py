@@ -31,6 +31,7 @@ from policies.model_json import clip, json_object
 from policies.recall import STOPWORDS, query_terms
 from policies.tokens import count_message
 
+SUMMARY_KIND = "attachment"  # the summary cache's kind for focused summaries of artifacts
 Strategy = Literal["include_full", "relevant_passages", "summarize", "exclude"]
 STRATEGIES: tuple[Strategy, ...] = ("include_full", "relevant_passages", "summarize", "exclude")
 # Rendering costs beyond the text's own tokens: the section's header and footer, each
@@ -360,6 +361,8 @@ def parse_plan(content: Any, artifacts: Sequence[Artifact]) -> list[Choice] | No
         if key not in keys or key in choices or strategy not in STRATEGIES:
             return None
         if isinstance(priority, bool) or not isinstance(priority, int | float):
+            return None
+        if not math.isfinite(priority):  # (JSON readers take 1e999 and NaN)
             return None
         choices[key] = Choice(key, strategy, int(priority))
     if set(choices) != keys:

@@ -21,6 +21,7 @@ import structlog
 from sqlalchemy import Connection
 
 from policies.artifacts import (
+    SUMMARY_KIND,
     Artifact,
     Choice,
     Included,
@@ -47,6 +48,7 @@ from proxy.metrics import Metrics
 from proxy.sse import reply_from_completion
 from proxy.upstream.base import Upstream
 from storage.database import Database
+from storage.errors import StorageError
 from storage.records import AttachmentRecord, ChunkRecord, MessageRecord
 from storage.repositories.attachments import Attachments, new_attachment_id
 from storage.repositories.conversations import Conversations
@@ -228,10 +230,7 @@ class Artifacts:
 
         def work(conn: Connection) -> None:
             repo = Attachments(conn)
-            have = {
-                a.content_hash
-                for a in repo.for_conversation(tenant_id, conversation_pk, limit=MAX_ATTACHMENTS)
-            }
+            have = repo.content_hashes(tenant_id, conversation_pk)
             for doc, chunks in prepared:
                 content = doc.content or ""
                 if _hash(content) in have:
@@ -260,6 +259,7 @@ class Artifacts:
         tenant_id: str,
         user_id: str,
         conversation_pk: int | None,
+        conversation_id: str | None,
         conversation_end: int,
         inline: Sequence[Inline],
         stored_inline: bool,
@@ -290,7 +290,8 @@ class Artifacts:
                 settings.tool_results,
             )
         )
-        artifacts = self._artifacts(sources, in_prompt_calls)
+        # (Chunking tool results and scoring unindexed text is CPU work: off the event loop.)
+        artifacts = await asyncio.to_thread(self._artifacts, sources, in_prompt_calls)
         for i, doc in enumerate(unstored):
             content = doc.content or ""
             chunks = await _chunked(content)
@@ -302,7 +303,7 @@ class Artifacts:
             )
         if not artifacts:
             return NOTHING_ATTACHED
-        relevance = self._relevance(artifacts, sources, hits, question)
+        relevance = await asyncio.to_thread(self._relevance, artifacts, sources, hits, question)
         summaries_on = tenant.summaries.mode == "llm"
         attached = Attached()
         if footprint(artifacts) <= budget:
@@ -317,18 +318,19 @@ class Artifacts:
         # The summaries the plan asks for, at once (each bounded by the timeout).
         await asyncio.gather(
             *(
-                self._summary(tenant_id, user_id, tenant, item, question, attached)
+                self._summary(tenant_id, user_id, conversation_id, tenant, item, question, attached)
                 for item in attached.items
                 if item.strategy == "summarize"
             )
         )
-        planner = attached.planner.split(" ", 1)[0]  # (the reason a plan fell back: not a label)
-        for item in attached.items:
-            self.metrics.artifacts.labels(tenant_id, item.strategy, planner).inc()
         fitted = await asyncio.to_thread(
             fit, attached.items, attached.summary_texts, relevance, budget
         )
         attached.items, attached.text, attached.tokens = fitted.items, fitted.text, fitted.tokens
+        planner = attached.planner.split(" ", 1)[0]  # (the reason a plan fell back: not a label)
+        for item in attached.items:
+            strategy = item.strategy if attached.included(item) else "exclude"
+            self.metrics.artifacts.labels(tenant_id, strategy, planner).inc()
         attached.cost = self._cost(attached.calls)
         return attached
 
@@ -344,8 +346,10 @@ class Artifacts:
         tool_results: int,
     ) -> tuple[Sources, dict[tuple[int, int], float]]:
         repo = Attachments(conn)
-        stored = (
-            repo.for_conversation(tenant_id, conversation_pk, limit=MAX_ATTACHMENTS)
+        stored = (  # the newest (this request's own among them), without their text
+            repo.for_conversation(
+                tenant_id, conversation_pk, limit=MAX_ATTACHMENTS, newest=True, with_content=False
+            )
             if conversation_pk is not None
             else []
         )
@@ -482,16 +486,22 @@ class Artifacts:
         self,
         tenant_id: str,
         user_id: str,
+        conversation_id: str | None,
         tenant: TenantConfig,
         item: Included,
         question: str,
         got: Attached,
     ) -> None:
-        """The artifact's summary focused on the question: from the cache, or made now."""
+        """The artifact's summary focused on the question: from the cache, or made now. It is
+        stored under the attachment's id (a stored attachment) or the conversation's (what
+        else it summarises), and deleted with either."""
         artifact, model = item.artifact, tenant.summaries.model
+        stored = artifact.kind == "attachment" and not artifact.key.startswith("inline:")
+        subject = artifact.key if stored else conversation_id or ""
         focus = " ".join(sorted({stem(t) for t in query_terms(question)}))
+        # Per user: the summary is shaped by the question's words, which are the user's.
         key = summary_key(
-            "attachment", artifact.content_hash, focus, model, str(item.summary_tokens)
+            "attachment", user_id, artifact.content_hash, focus, model, str(item.summary_tokens)
         )
         now = datetime.now(UTC)
 
@@ -501,7 +511,11 @@ class Artifacts:
                 Summaries(conn).hit(tenant_id, key, now)
             return found.text if found else None
 
-        text = await self.db.write(cached)
+        try:
+            text = await self.db.write(cached)
+        except StorageError as exc:  # the cache is an addition: make the summary anyway
+            log.warning("summary_cache_unavailable", tenant=tenant_id, error=str(exc))
+            text = None
         if text is not None:
             got.summaries[artifact.key] = "hit"
             got.summary_texts[artifact.key] = text
@@ -525,20 +539,23 @@ class Artifacts:
                 return
         got.summaries[artifact.key] = "miss"
         got.summary_texts[artifact.key] = text
-        await self.db.write(
-            lambda conn: Summaries(conn).put(
-                tenant_id,
-                key,
-                kind="attachment",
-                user_id=user_id,
-                subject=artifact.key,
-                model=model,
-                text=text,
-                tokens=tokens,
-                now=now,
-                covers={"focus": focus},
+        try:
+            await self.db.write(
+                lambda conn: Summaries(conn).put(
+                    tenant_id,
+                    key,
+                    kind=SUMMARY_KIND,
+                    user_id=user_id,
+                    subject=subject,
+                    model=model,
+                    text=text,
+                    tokens=tokens,
+                    now=now,
+                    covers={"focus": focus},
+                )
             )
-        )
+        except StorageError as exc:  # used now, made again next time
+            log.warning("summary_not_cached", tenant=tenant_id, error=str(exc))
 
     def _cost(self, calls: Sequence[tuple[str, str, Usage]]) -> Decimal | None:
         total: Decimal | None = ZERO

@@ -360,9 +360,12 @@ class ChatExchange:
         self._embed_question()
         refs = [i.attachment_id for i in self.inline if i.attachment_id is not None]
         if refs:  # an unknown id is a 400 before anything is stored
-            await self.services.artifacts.check_refs(
-                self.principal.tenant_id, self.ext.user_id, refs
-            )
+            try:
+                await self.services.artifacts.check_refs(
+                    self.principal.tenant_id, self.ext.user_id, refs
+                )
+            except StorageError:  # unchecked ids are not used; begin() degrades or refuses
+                self.inline = [i for i in self.inline if i.attachment_id is None]
         try:
             self.turn = await self.services.memory.begin(
                 intent_of=partial(self.services.intents.keyword, self.principal.tenant_id),
@@ -508,14 +511,16 @@ class ChatExchange:
     async def _attach(
         self, history: list[StoredTurn], budget: Budget, use_memory: bool
     ) -> Attached:
-        """The conversation's attachments, the request's inline ones and earlier tool results,
-        fitted into the attachments' share of the budget (the request's inline documents are
-        stored with the conversation first in mode `full`). Inline documents go in every mode;
-        stored ones not in mode `off`."""
+        """The conversation's attachments, the request's own (inline, or stored ones it names)
+        and earlier tool results, fitted into the attachments' share of the budget. The
+        request's inline documents are stored with the conversation first in mode `full`. The
+        request's own go in every mode; the conversation's not in mode `off` nor when an intent
+        policy says `memory: false`."""
         turn, tenant = self.turn, self.principal.tenant
-        if turn is None or not use_memory:
+        if turn is None:
             return NOTHING_ATTACHED
-        conversation = turn.conversation if turn.mode != "off" else None
+        keep = turn.conversation if turn.mode == "full" and self.inline else None
+        conversation = turn.conversation if turn.mode != "off" and use_memory else None
         if conversation is None and not self.inline:
             return NOTHING_ATTACHED
         ctx = tenant.context
@@ -534,30 +539,32 @@ class ChatExchange:
             if m.get("role") == "tool"
         }
         try:
-            stored = False
-            if self.inline and turn.mode == "full" and conversation is not None:
+            if keep is not None:
                 await artifacts.store_inline(
                     tenant_id=turn.tenant_id,
                     user_id=turn.user_id,
-                    conversation_pk=conversation.pk,
+                    conversation_pk=keep.pk,
                     exchange_id=turn.request_id,
                     inline=self.inline,
                 )
-                stored = True
             attached = await artifacts.attach(
                 tenant,
                 tenant_id=turn.tenant_id,
                 user_id=turn.user_id,
                 conversation_pk=conversation.pk if conversation else None,
+                conversation_id=conversation.id if conversation else None,
                 conversation_end=conversation.next_seq if conversation else 0,
                 inline=self.inline,
-                stored_inline=stored,
+                stored_inline=keep is not None and conversation is not None,
                 in_prompt_calls=in_prompt,
                 question=_last_user_text(self.sent_messages),
                 budget=room,
             )
         except StorageError as exc:  # an addition: without it the request goes on
             log.warning("attachments_failed", request_id=self.request_id, error=str(exc))
+            return NOTHING_ATTACHED
+        except Exception:  # a bug here must not fail the chat: logged, the request goes on
+            log.exception("attachments_error", request_id=self.request_id)
             return NOTHING_ATTACHED
         self.attached_artifacts = attached
         return attached

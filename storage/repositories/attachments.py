@@ -157,17 +157,29 @@ class Attachments:
         limit: int,
         after_pk: int | None = None,
         with_content: bool = True,
+        newest: bool = False,
     ) -> list[AttachmentRecord]:
-        """A conversation's attachments, oldest first; `after_pk`: those after that one.
-        Without `with_content`, each record's `content` is "" (a listing need not read it)."""
+        """A conversation's attachments, oldest first; `after_pk`: those after that one;
+        `newest`: the newest `limit` of them (still oldest first). Without `with_content`,
+        each record's `content` is "" (a listing need not read it)."""
         fields = _COLUMNS if with_content else _WITHOUT_CONTENT
         query = select(*fields).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
         if after_pk is not None:
             query = query.where(A.c.pk > after_pk)
-        rows = self.conn.execute(query.order_by(A.c.pk).limit(limit))
-        return [_record(r) for r in rows]
+        order = A.c.pk.desc() if newest else A.c.pk
+        records = [_record(r) for r in self.conn.execute(query.order_by(order).limit(limit))]
+        return records[::-1] if newest else records
+
+    def content_hashes(self, tenant_id: str, conversation_pk: int) -> set[str]:
+        """The content hashes of a conversation's attachments (to store a document once)."""
+        rows = self.conn.execute(
+            select(A.c.content_hash).where(
+                A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
+            )
+        )
+        return {r.content_hash for r in rows}
 
     def chunk_counts(self, tenant_id: str, attachment_pks: Sequence[int]) -> dict[int, int]:
         """How many chunks each attachment has (those with none are left out)."""

@@ -20,6 +20,7 @@ from proxy.config import (
     AttachmentSettings,
     Config,
     ContextSettings,
+    IntentSettings,
     PriceConfig,
     SummarySettings,
     TenantConfig,
@@ -415,3 +416,73 @@ async def test_the_budget_holds_when_a_tool_unit_straddles_the_newest_messages(
     assert int(headers["x-memory-history-messages"]) >= 3
     assert kept < int(headers["x-memory-context-tokens"]) <= 1000
     assert "PINEAPPLE-42" in system  # what room is left still holds the relevant passage
+
+
+async def test_a_requests_own_document_goes_in_however_many_the_conversation_has(
+    start: Callable[..., Proxy],
+) -> None:
+    proxy = start()
+    await proxy.http.post("/memory/conversations", json={"id": "many", "user": "alice"})
+    for n in range(55):
+        uploaded = await proxy.http.post(
+            "/memory/conversations/many/attachments",
+            json={"content": f"Old note {n}: nothing to see here.", "title": f"old {n}"},
+        )
+        assert uploaded.status_code == 201, uploaded.text
+    headers, system = await proxy.ask(
+        "what is the wifi password?",
+        [{"content": "The wifi password is swordfish.", "title": "new"}],
+        **{"X-Memory-Conversation-Id": "many"},
+    )
+    assert "swordfish" in system
+    budget_holds(headers, system)
+
+
+async def test_in_mode_off_and_without_memory_only_the_requests_own_documents_go(
+    start: Callable[..., Proxy],
+) -> None:
+    proxy = start(intent=IntentSettings(policies={"chitchat": {"memory": False}}))
+    headers, _ = await proxy.ask("keep this", [{"content": "The gate code is 1234.", "title": "g"}])
+    conversation = headers["x-memory-conversation-id"]
+    listed = await proxy.http.get(f"/memory/conversations/{conversation}/attachments")
+    stored_id = listed.json()["data"][0]["id"]
+    off = {"X-Memory-Mode": "off", "X-Memory-Conversation-Id": conversation}
+    # Mode off: the conversation's document is not attached, the request's own are.
+    _, system = await proxy.ask("what is the gate code?", **off)
+    assert "1234" not in system
+    _, system = await proxy.ask("what is the gate code?", [{"attachment_id": stored_id}], **off)
+    assert "1234" in system
+    _, system = await proxy.ask("what is the door code?", [{"content": "Door: 99."}], **off)
+    assert "Door: 99." in system
+    # An intent policy with memory: false (small talk) attaches the request's own only.
+    chat = {"X-Memory-Conversation-Id": conversation}
+    _, system = await proxy.ask("hello there!", [{"content": "Cat: Tom."}], **chat)
+    assert "Cat: Tom." in system and "1234" not in system
+
+
+async def test_deleting_a_document_deletes_its_summaries(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str]
+) -> None:
+    helper = helper_model[0]
+    proxy = start(summaries=SummarySettings(mode="llm", model=HELPER_MODEL))
+    helper.script = [said("First summary."), said("Second summary.")]
+    await proxy.http.post("/memory/conversations", json={"id": "docs", "user": "alice"})
+
+    async def upload_and_ask() -> dict[str, Any]:
+        uploaded = await proxy.http.post(
+            "/memory/conversations/docs/attachments", json={"content": BIG, "title": "report"}
+        )
+        headers, _ = await proxy.ask(
+            "what's the gist?", **{"X-Memory-Conversation-Id": "docs", "X-Memory-Mode": "read"}
+        )
+        (item,) = (await proxy.record(headers))["attached"]["attachments"]["items"]
+        deleted = await proxy.http.delete(
+            f"/memory/conversations/docs/attachments/{uploaded.json()['id']}"
+        )
+        assert deleted.status_code == 200
+        return item
+
+    assert (await upload_and_ask())["cache"] == "miss"
+    # The same text uploaded again after the delete: its old summary is gone with it.
+    assert (await upload_and_ask())["cache"] == "miss"
+    assert len(helper.chat_requests) == 2

@@ -169,6 +169,10 @@ def test_the_planner_is_asked_with_previews_sizes_and_the_budget() -> None:
             ]
         ),
         json.dumps({"plan": "all of it"}),
+        '{"plan": [{"key": "manual", "strategy": "exclude", "priority": 1e999},'
+        ' {"key": "note", "strategy": "exclude", "priority": 2}]}',
+        '{"plan": [{"key": "manual", "strategy": "exclude", "priority": NaN},'
+        ' {"key": "note", "strategy": "exclude", "priority": 2}]}',
     ],
 )
 def test_a_plan_that_is_not_valid_is_refused(content: str) -> None:
