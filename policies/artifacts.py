@@ -67,6 +67,17 @@ class Artifact:
     tokens: int
     passages: tuple[Passage, ...]
     content_hash: str
+    # How many passages it has when `passages` holds only some of them (a large stored
+    # document: its matching passages and its opening); 0 when they are all there.
+    passage_count: int = 0
+
+    @property
+    def partial(self) -> bool:
+        return self.passage_count > len(self.passages)
+
+    @property
+    def total_passages(self) -> int:
+        return max(self.passage_count, len(self.passages))
 
     def preview(self) -> str:
         return clip(" ".join(" ".join(p.text.split()) for p in self.passages[:3]), PREVIEW_CHARS)
@@ -213,7 +224,7 @@ def _carry(
     room -= ARTIFACT_TOKENS
     if planned == "exclude" or room <= 0:
         return Included(artifact, "exclude", planned)
-    if planned == "include_full" and artifact.tokens <= room:
+    if planned == "include_full" and artifact.tokens <= room and not artifact.partial:
         return Included(artifact, "include_full", planned, artifact.passages, artifact.tokens)
     if planned == "summarize" and summaries and room >= MIN_SUMMARY_TOKENS:
         size = min(SUMMARY_TOKENS, room)
@@ -247,7 +258,7 @@ def render(items: Sequence[Included], summaries: Mapping[str, str]) -> str:
             note = "whole"
             body = _quoted(p.text for p in item.passages)
         elif item.strategy == "relevant_passages":
-            note = f"{len(item.passages)} of {len(artifact.passages)} passages"
+            note = f"{len(item.passages)} of {artifact.total_passages} passages"
             body = _quoted_passages(item.passages)
         elif item.strategy == "summarize" and artifact.key in summaries:
             note = "a summary focused on the question"

@@ -58,6 +58,7 @@ log = structlog.get_logger("memproxy.artifacts")
 MAX_INLINE = 20
 MAX_ATTACHMENTS = 50  # of a conversation, considered per turn
 SEARCH_HITS = 200
+OPENING_PASSAGES = 3  # read of a document larger than the budget, besides its matches
 TOOL_WINDOW = 200  # stored messages looked through for earlier tool results
 # What a summariser is given of a document, at most.
 SUMMARY_SOURCE_CHARS = 60_000
@@ -156,7 +157,8 @@ class Sources:
     """What a turn's artifacts are made of, read in one go."""
 
     stored: list[AttachmentRecord]
-    chunks: list[ChunkRecord]
+    chunks: list[ChunkRecord]  # all of those that may go whole; of the rest, hits and openings
+    counts: dict[int, int]  # attachment pk -> its number of chunks, for those read in part
     tools: Sequence[MessageRecord]
 
 
@@ -288,6 +290,7 @@ class Artifacts:
                 refs,
                 terms,
                 settings.tool_results,
+                budget,
             )
         )
         # (Chunking tool results and scoring unindexed text is CPU work: off the event loop.)
@@ -344,6 +347,7 @@ class Artifacts:
         refs: Sequence[str],
         terms: Sequence[str],
         tool_results: int,
+        budget: int,
     ) -> tuple[Sources, dict[tuple[int, int], float]]:
         repo = Attachments(conn)
         stored = (  # the newest (this request's own among them), without their text
@@ -363,11 +367,20 @@ class Artifacts:
             stored.append(found)
             have.add(found.id)
         pks = [a.pk for a in stored]
-        chunks = repo.chunks(tenant_id, pks)
-        hits = {
-            (h.attachment_pk, h.seq): h.score
-            for h in repo.search(tenant_id, pks, terms, limit=SEARCH_HITS)
-        }
+        matched = repo.search(tenant_id, pks, terms, limit=SEARCH_HITS)
+        hits = {(h.attachment_pk, h.seq): h.score for h in matched}
+        # Only what can go in is read: a document larger than the budget never goes whole,
+        # so of it only its matching passages and its opening (a preview; what goes when
+        # nothing matches).
+        large = {a.pk for a in stored if a.tokens > budget}
+        chunks = repo.some_chunks(
+            tenant_id,
+            whole=[pk for pk in pks if pk not in large],
+            openings=sorted(large),
+            opening=OPENING_PASSAGES,
+            chunk_pks=[h.pk for h in matched if h.attachment_pk in large],
+        )
+        counts = repo.chunk_counts(tenant_id, sorted(large))
         tools = (
             Conversations(conn).tool_results(
                 tenant_id, conversation_pk, after_seq=tools_after, limit=tool_results
@@ -375,7 +388,7 @@ class Artifacts:
             if conversation_pk is not None and tool_results
             else []
         )
-        return Sources(stored, chunks, tools), hits
+        return Sources(stored, chunks, counts, tools), hits
 
     @staticmethod
     def _artifacts(sources: Sources, in_prompt_calls: set[str]) -> list[Artifact]:
@@ -390,6 +403,7 @@ class Artifacts:
                 a.tokens,
                 _passages(by_attachment.get(a.pk, [])),
                 a.content_hash,
+                sources.counts.get(a.pk, 0),
             )
             for a in sources.stored
         ]
@@ -523,6 +537,16 @@ class Artifacts:
             return
         self.metrics.summary_cache.labels(tenant_id, "attachment", "miss").inc()
         source = "\n\n".join(p.text for p in artifact.passages)
+        if artifact.partial:  # a large stored document: its text, read now
+            try:
+                record = await self.db.read(lambda conn: Attachments(conn).get(tenant_id, subject))
+            except StorageError as exc:
+                log.warning("summary_source_unavailable", tenant=tenant_id, error=str(exc))
+                record = None
+            if record is None:
+                got.summaries[artifact.key] = "failed"
+                return
+            source = clip(record.content, SUMMARY_SOURCE_CHARS)
         body = summary_request(model, question, artifact.title, source, item.summary_tokens)
         text = await self._call(tenant_id, tenant, body, "summary", got)
         if not text or not text.strip():

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, literal, select, text
+from sqlalchemy import Connection, and_, bindparam, delete, func, insert, literal, or_, select, text
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from storage.errors import ConflictError
 from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS
@@ -199,6 +200,33 @@ class Attachments:
         rows = self.conn.execute(
             select(*_CHUNK_COLUMNS)
             .where(K.c.tenant_id == tenant_id, K.c.attachment_pk.in_(list(attachment_pks)))
+            .order_by(K.c.attachment_pk, K.c.seq)
+        )
+        return [ChunkRecord(**utc_row(r)) for r in rows]
+
+    def some_chunks(
+        self,
+        tenant_id: str,
+        *,
+        whole: Sequence[int],
+        openings: Sequence[int],
+        opening: int,
+        chunk_pks: Sequence[int],
+    ) -> list[ChunkRecord]:
+        """Every chunk of the `whole` attachments, the first `opening` chunks of the `openings`
+        ones, and the chunks `chunk_pks` (search hits): by attachment, then in order."""
+        wanted: list[ColumnElement[bool]] = []
+        if whole:
+            wanted.append(K.c.attachment_pk.in_(list(whole)))
+        if openings:
+            wanted.append(and_(K.c.attachment_pk.in_(list(openings)), K.c.seq <= opening))
+        if chunk_pks:
+            wanted.append(K.c.pk.in_(list(chunk_pks)))
+        if not wanted:
+            return []
+        rows = self.conn.execute(
+            select(*_CHUNK_COLUMNS)
+            .where(K.c.tenant_id == tenant_id, or_(*wanted))
             .order_by(K.c.attachment_pk, K.c.seq)
         )
         return [ChunkRecord(**utc_row(r)) for r in rows]

@@ -486,3 +486,28 @@ async def test_deleting_a_document_deletes_its_summaries(
     # The same text uploaded again after the delete: its old summary is gone with it.
     assert (await upload_and_ask())["cache"] == "miss"
     assert len(helper.chat_requests) == 2
+
+
+async def test_a_stored_document_larger_than_the_budget_gives_its_passage_and_its_summary(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str]
+) -> None:
+    helper = helper_model[0]
+    proxy = start(summaries=SummarySettings(mode="llm", model=HELPER_MODEL))
+    await proxy.http.post("/memory/conversations", json={"id": "big", "user": "alice"})
+    uploaded = await proxy.http.post(
+        "/memory/conversations/big/attachments", json={"content": BIG, "title": "report"}
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    chunks = uploaded.json()["chunks"]
+    assert uploaded.json()["tokens"] > 1000 and chunks > 3
+    read = {"X-Memory-Conversation-Id": "big", "X-Memory-Mode": "read"}
+    headers, system = await proxy.ask("what is the launch code for the rocket?", **read)
+    assert "PINEAPPLE-42" in system and f" of {chunks} passages]" in system
+    budget_holds(headers, system)
+    # Summarised, it is summarised from its whole text (read for the summary).
+    helper.script = [said("A report.")]
+    headers, system = await proxy.ask("what's the gist?", **read)
+    assert "> A report." in system
+    (asked,) = helper.chat_requests
+    assert "PINEAPPLE-42" in asked["messages"][1]["content"]
+    assert asked["messages"][1]["content"].count("cafeteria") == 60

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import Any
 
 import pytest
 from sqlalchemy import Connection, func, select, text
@@ -228,3 +229,34 @@ async def test_erasing_a_user_or_deleting_a_conversation_takes_the_attachments(
     assert await db.read(lambda c: Attachments(c).get("t1", b1.id)) is None
     assert await search(db, [b1.pk], ["lighthouse"]) == []
     assert await indexed_rows(db) == len(HARBOUR)  # tenant two's only
+
+
+async def test_the_newest_some_chunks_and_content_hashes(db: Database) -> None:
+    conversation = await new_conversation(db, "c1")
+    first = await attach(db, "c1", HARBOUR)
+    second = await attach(db, "c1", RECIPES)
+    newest = await db.read(
+        lambda c: Attachments(c).for_conversation("t1", conversation.pk, limit=1, newest=True)
+    )
+    assert [a.id for a in newest] == [second.id]
+    assert await db.read(lambda c: Attachments(c).content_hashes("t1", conversation.pk)) == {
+        first.content_hash,
+        second.content_hash,
+    }
+    assert await db.read(lambda c: Attachments(c).content_hashes("t2", conversation.pk)) == set()
+    everything = await db.read(lambda c: Attachments(c).chunks("t1", [first.pk, second.pk]))
+    third_of_first = next(c for c in everything if c.attachment_pk == first.pk and c.seq == 3)
+
+    def some(tenant: str) -> Any:
+        return lambda c: Attachments(c).some_chunks(
+            tenant, whole=[second.pk], openings=[first.pk], opening=1, chunk_pks=[third_of_first.pk]
+        )
+
+    picked = await db.read(some("t1"))
+    assert [(c.attachment_pk, c.seq) for c in picked] == [
+        (first.pk, 1),
+        (first.pk, 3),
+        (second.pk, 1),
+        (second.pk, 2),
+    ]
+    assert await db.read(some("t2")) == []
