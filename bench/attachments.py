@@ -5,7 +5,7 @@ and figure is made up). Each report is a few thousand tokens of paragraphs about
 each paragraph states one fact ("Norvex opened its research lab in Tallin in 1987, ...") among
 sentences that share its words (the same company, the same kinds of places, years and people),
 so lexical overlap alone does not find it. Each question asks for one fact and comes with
-three reports (its own and two others, in a random order), about 12,000 tokens in all.
+three reports (its own and two others, in a random order), about 10,000 tokens in all.
 
 Measured at a 2,000-token budget, in one run:
 
