@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
 
 import structlog
 from litestar import Litestar
@@ -35,7 +34,8 @@ from proxy.extraction import MemoryExtractor
 from proxy.intent import IntentClassifiers
 from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
-from proxy.memory import ConversationMemory, now
+from proxy.maintenance import Maintenance
+from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
 from proxy.routes import attachments as attachments_routes
@@ -48,10 +48,8 @@ from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.vector_index import VectorIndex
 from storage import migrate
 from storage.database import Database
-from storage.repositories.system import SystemRepository
 
 log = structlog.get_logger("memproxy.app")
-STALE_EXCHANGE_AFTER = timedelta(minutes=15)
 
 EXPOSED_HEADERS = [
     "x-request-id",
@@ -65,16 +63,6 @@ EXPOSED_HEADERS = [
     "x-memory-intent",
     *COST_HEADERS,
 ]
-
-
-async def sweep_abandoned_exchanges(db: Database) -> None:
-    """Exchanges a crashed process left `in_progress` become `incomplete`. On SQLite only this
-    process writes, so all of them are abandoned; replicas sharing PostgreSQL may still be
-    serving theirs, so only those older than any stream could last are swept."""
-    cutoff = now() if db.is_sqlite else now() - STALE_EXCHANGE_AFTER
-    swept = await db.write(lambda conn: SystemRepository(conn).sweep_in_progress(cutoff, now()))
-    if swept:
-        log.warning("swept_abandoned_exchanges", count=swept)
 
 
 def price_book(config: Config, catalog: ModelCatalog) -> PriceBook:
@@ -99,8 +87,9 @@ def create_app(config: Config) -> Litestar:
         await asyncio.to_thread(migrate.upgrade, config.database.url)
         db = Database(config.database.url)
         limits = LimitKeeper(db, config, interval=config.server.limits_sync_seconds)
+        maintenance = Maintenance(db, config)
         try:
-            await sweep_abandoned_exchanges(db)
+            await maintenance.start()  # the start-up sweep first, then every interval
             await limits.start()  # knows today's spend before the first request
             pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
             async with new_http_client() as http:
@@ -161,6 +150,7 @@ def create_app(config: Config) -> Litestar:
                     for upstream in state.upstreams.values():
                         await upstream.aclose()
         finally:
+            await maintenance.stop()
             await limits.stop()  # writes the counts not yet shared
             await db.dispose()
 

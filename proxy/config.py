@@ -73,6 +73,11 @@ class ServerConfig(_Strict):
     # An upload may be larger than max_body_bytes up to this size.
     max_attachment_bytes: int = Field(10_000_000, gt=0)
     max_attachment_tokens: int = Field(200_000, gt=0)
+    # Each replica's upkeep, this often: tenants' retention, and (PostgreSQL, where another
+    # replica may have crashed) exchanges left `in_progress` for `stale_exchange_minutes`,
+    # longer than any stream lasts, marked `incomplete`.
+    maintenance_seconds: float = Field(60.0, gt=0)
+    stale_exchange_minutes: float = Field(15.0, gt=0)
 
 
 class DatabaseConfig(_Strict):
@@ -260,6 +265,10 @@ class TenantSettings(_Strict):
     attachments: AttachmentSettings = AttachmentSettings()
     limits: Limits = Limits()
     fail_open: bool = True
+    # Conversations idle this many days are deleted with everything made of them (messages,
+    # search index, vectors, attachments, summaries), with exchange records as old and
+    # memories neither pinned, changed nor used since. null: kept until deleted.
+    retention_days: float | None = Field(None, gt=0)
 
 
 class ApiKeyConfig(_Strict):

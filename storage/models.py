@@ -58,6 +58,7 @@ class Conversation(Base):
         # Continuing a conversation by its chain: one index probe per request message.
         Index("ix_conversations_chain", "tenant_id", "user_id", "chain_hash"),
         Index("ix_conversations_user_recent", "tenant_id", "user_id", "updated_at"),
+        Index("ix_conversations_tenant_idle", "tenant_id", "updated_at"),  # (retention)
     )
 
 

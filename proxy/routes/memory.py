@@ -14,8 +14,6 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
-from policies.artifacts import SUMMARY_KIND as ATTACHMENT_SUMMARIES
-from policies.summaries import KIND as HISTORY
 from proxy.auth import Principal
 from proxy.completions import CONVERSATION_ID
 from proxy.embedding_jobs import queue_range
@@ -267,18 +265,7 @@ async def delete_conversation(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     def work(conn: Connection) -> bool:
-        tenant = principal.tenant_id
-        summaries = Summaries(conn)
-        summaries.delete_subject(tenant, HISTORY, conversation_id)
-        # Focused summaries of its documents and tool results go with them.
-        summaries.delete_subject(tenant, ATTACHMENT_SUMMARIES, conversation_id)
-        found = Conversations(conn).get(tenant, conversation_id)
-        if found is not None:
-            for attachment in Attachments(conn).for_conversation(
-                tenant, found.pk, limit=100_000, with_content=False
-            ):
-                summaries.delete_subject(tenant, ATTACHMENT_SUMMARIES, attachment.id)
-        return Conversations(conn).delete(tenant, conversation_id)
+        return Conversations(conn).delete(principal.tenant_id, conversation_id)
 
     if not await services.db.write(work):
         raise _not_found(conversation_id)

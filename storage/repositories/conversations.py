@@ -16,6 +16,7 @@ from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.attachments import Attachments
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import scope_token, searchable_text
+from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
 C = CONVERSATIONS
@@ -304,13 +305,20 @@ class Conversations:
         return self.get(tenant_id, conversation_id)
 
     def delete(self, tenant_id: str, conversation_id: str) -> bool:
-        """Delete a conversation, its messages and attachments; its exchanges keep their
-        figures."""
+        """Delete a conversation, its messages, attachments and the summaries made of them
+        (its history's, its documents' and tool results'); its exchanges keep their figures."""
         found = self.get(tenant_id, conversation_id)
         if found is None:
             return False
         MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
-        Attachments(self.conn).delete_conversation(tenant_id, found.pk)
+        attachments = Attachments(self.conn)
+        documents = attachments.for_conversation(
+            tenant_id, found.pk, limit=1_000_000, with_content=False
+        )
+        Summaries(self.conn).delete_subjects(
+            tenant_id, [conversation_id, *(a.id for a in documents)]
+        )
+        attachments.delete_conversation(tenant_id, found.pk)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )
@@ -405,6 +413,16 @@ class Conversations:
             update(M).where(M.c.tenant_id == tenant_id, M.c.pk == row.pk).values({"metadata": meta})
         )
         return True
+
+    def idle_since(self, tenant_id: str, cutoff: datetime, *, limit: int) -> Sequence[str]:
+        """Ids of the conversations last active before `cutoff` (retention), oldest first."""
+        rows = self.conn.execute(
+            select(C.c.id)
+            .where(C.c.tenant_id == tenant_id, C.c.updated_at < cutoff)
+            .order_by(C.c.updated_at)
+            .limit(limit)
+        )
+        return [r.id for r in rows]
 
     def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
         """Erase everything stored for one user of one tenant."""

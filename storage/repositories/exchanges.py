@@ -14,6 +14,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    delete,
     func,
     insert,
     select,
@@ -164,6 +165,15 @@ class Exchanges:
                 return func.to_char(func.timezone("UTC", E.c.started_at), "YYYY-MM-DD")
             return func.substr(cast(E.c.started_at, String), 1, 10)
         return cast(None, String)
+
+    def delete_before(self, tenant_id: str, cutoff: datetime) -> int:
+        """Delete the tenant's finished exchange records started before `cutoff` (retention)."""
+        result = self.conn.execute(
+            delete(E).where(
+                E.c.tenant_id == tenant_id, E.c.started_at < cutoff, E.c.status != "in_progress"
+            )
+        )
+        return int(result.rowcount)
 
     def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
         row = self.conn.execute(_BY_KEY, {"w_tenant": tenant_id, "w_key": key}).first()

@@ -131,6 +131,19 @@ class Memories:
         )
         return int(result.rowcount)
 
+    def delete_unused_since(self, tenant_id: str, cutoff: datetime) -> int:
+        """Delete the tenant's memories neither pinned, changed nor used since `cutoff`
+        (retention; pinned ones are the user's own choice and stay)."""
+        result = self.conn.execute(
+            delete(R).where(
+                R.c.tenant_id == tenant_id,
+                R.c.pinned.is_(False),
+                R.c.updated_at < cutoff,
+                or_(R.c.last_used_at.is_(None), R.c.last_used_at < cutoff),
+            )
+        )
+        return int(result.rowcount)
+
     def pinned(self, tenant_id: str, user_id: str, limit: int = 100) -> list[MemoryRecord]:
         """The user's pinned memories, oldest first (the order they are shown in)."""
         rows = self.conn.execute(

@@ -5,6 +5,7 @@ takes the tenant."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -94,6 +95,15 @@ class Summaries:
     def delete_subject(self, tenant_id: str, kind: str, subject: str) -> int:
         result = self.conn.execute(
             delete(S).where(S.c.tenant_id == tenant_id, S.c.kind == kind, S.c.subject == subject)
+        )
+        return int(result.rowcount)
+
+    def delete_subjects(self, tenant_id: str, subjects: Sequence[str]) -> int:
+        """Delete every summary about these subjects (of any kind)."""
+        if not subjects:
+            return 0
+        result = self.conn.execute(
+            delete(S).where(S.c.tenant_id == tenant_id, S.c.subject.in_(list(subjects)))
         )
         return int(result.rowcount)
 

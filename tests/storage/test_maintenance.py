@@ -1,0 +1,157 @@
+"""Each replica's upkeep on both databases: retention deletes what a tenant keeps no longer
+(idle conversations with everything made of them, old exchange records, memories nobody pinned,
+changed or used) and nothing of other tenants or newer; the sweeper marks exchanges a dead
+process left `in_progress` as `incomplete`, all of them at start-up on SQLite, only stale ones
+on PostgreSQL, where other replicas are serving theirs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import Connection, func, select
+
+from proxy.config import Config, TenantConfig
+from proxy.maintenance import Maintenance
+from proxy.memory import now
+from storage.database import Database
+from storage.models import ATTACHMENT_CHUNKS, MESSAGES, SUMMARIES
+from storage.repositories.attachments import Attachments, new_attachment_id
+from storage.repositories.conversations import Conversations
+from storage.repositories.exchanges import Exchanges
+from storage.repositories.memories import Memories
+from storage.repositories.summaries import Summaries
+from tests.storage.test_repositories import T0, at, exchange, new_conversation
+
+CONFIG = Config(
+    tenants={
+        "t1": TenantConfig(api_keys=["k1"], retention_days=30),
+        "t2": TenantConfig(api_keys=["k2"]),
+    }
+)
+HELLO = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+
+
+async def count(db: Database, table: object, tenant: str) -> int:
+    def work(conn: Connection) -> int:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(table).where(table.c.tenant_id == tenant)  # type: ignore[attr-defined]
+            ).scalar_one()
+        )
+
+    return await db.read(work)
+
+
+async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_else(
+    db: Database,
+) -> None:
+    old = await new_conversation(db, "old", HELLO, when=T0)
+    await new_conversation(db, "new", HELLO, when=at(1000))
+    await new_conversation(db, "old", HELLO, tenant="t2", when=T0)
+
+    def seed(conn: Connection) -> None:
+        document = Attachments(conn).create(
+            "t1",
+            "alice",
+            old.pk,
+            new_attachment_id(),
+            content="notes",
+            chunks=[("notes", 1)],
+            now=T0,
+        )
+        summaries = Summaries(conn)
+        for key, subject in (("h", "old"), ("a", document.id), ("n", "new")):
+            summaries.put(
+                "t1",
+                key,
+                kind="history",
+                user_id="alice",
+                subject=subject,
+                model="m",
+                text="s",
+                tokens=1,
+                now=T0,
+            )
+        exchanges = Exchanges(conn)
+        for request_id, started in (("req_old", T0), ("req_new", at(1000))):
+            exchanges.start(exchange(request_id, started=started))
+            exchanges.finish("t1", request_id, status="complete")
+        exchanges.start(exchange("req_running", started=T0))  # left in progress
+        exchanges.start(exchange("req_other", tenant="t2", started=T0))
+        memories = Memories(conn)
+        memories.create("t1", "alice", "mem_old", "likes tea", now=T0)
+        memories.create("t1", "alice", "mem_pinned", "is vegan", now=T0, pinned=True)
+        memories.create("t1", "alice", "mem_used", "has a cat", now=T0)
+        memories.used("t1", [memories.get("t1", "mem_used").pk], at(1000))  # type: ignore[union-attr]
+        memories.create("t1", "alice", "mem_new", "plays chess", now=at(1000))
+        memories.create("t2", "bob", "mem_other", "likes tea", now=T0)
+
+    await db.write(seed)
+    deleted = await Maintenance(db, CONFIG).retain("t1", at(500))
+    assert deleted == {"conversations": 1, "exchanges": 1, "memories": 1}
+
+    def left(conn: Connection) -> dict[str, object]:
+        return {
+            "conversations": [c.id for c in Conversations(conn).list("t1", "alice", limit=10)],
+            "t2": [c.id for c in Conversations(conn).list("t2", "alice", limit=10)],
+            "exchanges": [
+                e
+                for e in ("req_old", "req_new", "req_running")
+                if Exchanges(conn).get("t1", e) is not None
+            ],
+            "t2 exchange": Exchanges(conn).get("t2", "req_other") is not None,
+            "memories": sorted(m.id for m in Memories(conn).find("t1", "alice", limit=10)),
+            "t2 memory": Memories(conn).get("t2", "mem_other") is not None,
+            "summaries": sorted(
+                s for s in ("h", "a", "n") if Summaries(conn).get("t1", s) is not None
+            ),
+        }
+
+    assert await db.read(left) == {
+        "conversations": ["new"],
+        "t2": ["old"],
+        "exchanges": ["req_new", "req_running"],
+        "t2 exchange": True,
+        "memories": ["mem_new", "mem_pinned", "mem_used"],
+        "t2 memory": True,
+        "summaries": ["n"],
+    }
+    assert await count(db, MESSAGES, "t1") == 2  # the new conversation's
+    assert await count(db, ATTACHMENT_CHUNKS, "t1") == 0
+    assert await count(db, SUMMARIES, "t1") == 1
+    # Again: nothing more to do.
+    assert await Maintenance(db, CONFIG).retain("t1", at(500)) == {
+        "conversations": 0,
+        "exchanges": 0,
+        "memories": 0,
+    }
+
+
+async def test_the_sweeper_takes_only_what_no_live_process_can_be_serving(db: Database) -> None:
+    fresh = now() - timedelta(seconds=5)
+
+    def seed(conn: Connection) -> None:
+        exchanges = Exchanges(conn)
+        exchanges.start(exchange("req_stale", started=T0))
+        exchanges.start(exchange("req_fresh", started=fresh))
+
+    await db.write(seed)
+    maintenance = Maintenance(db, Config())
+
+    async def statuses() -> dict[str, str]:
+        def work(conn: Connection) -> dict[str, str]:
+            found = {r: Exchanges(conn).get("t1", r) for r in ("req_stale", "req_fresh")}
+            return {r: e.status for r, e in found.items() if e is not None}
+
+        return await db.read(work)
+
+    periodic = await maintenance.run_once()
+    if db.is_sqlite:  # one process owns the file: between start-ups nothing is abandoned
+        assert periodic.swept == 0
+        assert await statuses() == {"req_stale": "in_progress", "req_fresh": "in_progress"}
+        assert (await maintenance.run_once(starting=True)).swept == 2
+        assert await statuses() == {"req_stale": "incomplete", "req_fresh": "incomplete"}
+    else:  # another replica may be serving the fresh one
+        assert periodic.swept == 1
+        assert await statuses() == {"req_stale": "incomplete", "req_fresh": "in_progress"}
+        assert (await maintenance.run_once(starting=True)).swept == 0
