@@ -39,9 +39,9 @@ from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
 from proxy.routes import attachments as attachments_routes
+from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
-from proxy.routes import memories, memory, openai, ops, usage
 from proxy.state import AppState, build_upstream, new_http_client
 from proxy.summaries import HistorySummarizer
 from proxy.upstream.litellm import LiteLLMUpstream
@@ -161,6 +161,7 @@ def create_app(config: Config) -> Litestar:
             openai.list_models,
             openai.passthrough,
             *memory.ROUTES,
+            *export.ROUTES,
             *memories.ROUTES,
             attachments_routes.router(config.server),
             *jobs_routes.ROUTES,

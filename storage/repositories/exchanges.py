@@ -17,6 +17,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -165,6 +166,21 @@ class Exchanges:
                 return func.to_char(func.timezone("UTC", E.c.started_at), "YYYY-MM-DD")
             return func.substr(cast(E.c.started_at, String), 1, 10)
         return cast(None, String)
+
+    def for_user(
+        self, tenant_id: str, user_id: str, *, limit: int, after: ExchangeRecord | None = None
+    ) -> list[ExchangeRecord]:
+        """A user's exchange records in the order they started, `limit` at a time (export)."""
+        query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
+        if after is not None:
+            query = query.where(
+                or_(
+                    E.c.started_at > after.started_at,
+                    and_(E.c.started_at == after.started_at, E.c.request_id > after.request_id),
+                )
+            )
+        rows = self.conn.execute(query.order_by(E.c.started_at, E.c.request_id).limit(limit))
+        return [ExchangeRecord(**utc_row(r)) for r in rows]
 
     def delete_before(self, tenant_id: str, cutoff: datetime) -> int:
         """Delete the tenant's finished exchange records started before `cutoff` (retention)."""

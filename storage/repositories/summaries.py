@@ -98,6 +98,15 @@ class Summaries:
         )
         return int(result.rowcount)
 
+    def for_user(self, tenant_id: str, user_id: str) -> list[SummaryRecord]:
+        """Every summary made for a user (export), oldest first."""
+        rows = self.conn.execute(
+            select(*_COLUMNS)
+            .where(S.c.tenant_id == tenant_id, S.c.user_id == user_id)
+            .order_by(S.c.pk)
+        )
+        return [_record(r) for r in rows]
+
     def delete_subjects(self, tenant_id: str, subjects: Sequence[str]) -> int:
         """Delete every summary about these subjects (of any kind)."""
         if not subjects:

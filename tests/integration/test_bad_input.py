@@ -251,6 +251,7 @@ ROUTES = [
     ("PATCH", "/v1/memory/memories/{id}"),
     ("GET", "/v1/memory/conversations/{id}/messages"),
     ("DELETE", "/v1/memory/memories/{id}"),
+    ("GET", "/v1/memory/users/{id}/export"),
 ]
 IDS = st.sampled_from([SEEDED, "nope"]) | st.text(
     st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40
