@@ -8,6 +8,12 @@ configured (`OPENAI_API_KEY`, or `--api-key`; `--base-url` for any OpenAI-compat
 for the LLM classifier through memproxy's own `openai` upstream.
 
     .venv/bin/python bench/intent_eval.py [--split test|dev|all] [--llm-model gpt-4o-mini]
+
+tests/data/intent_tune.jsonl (split `tune`) is a second tuning set, written independently of the
+rules and of the eval rows; `--split tune` reads it (unless `--data` names another file), and
+`--ids t001-t120` keeps only the rows whose ids fall in a range (e.g. half of it, as a check):
+
+    .venv/bin/python bench/intent_eval.py --split tune --ids t121-t240 --errors
 """
 
 from __future__ import annotations
@@ -34,12 +40,20 @@ from proxy.sse import reply_from_completion
 from proxy.upstream.openai import OpenAIUpstream
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "intent_eval.jsonl"
+TUNE = DATA.with_name("intent_tune.jsonl")
+SPLITS = ("test", "holdout", "dev", "tune", "all")
 TARGET_ACCURACY = 0.80
 
 
-def load(path: Path, split: str) -> list[dict[str, Any]]:
+def load(path: Path, split: str, ids: str | None = None) -> list[dict[str, Any]]:
+    """The rows of `split` (every row for `all`), only those with an id in `ids` ("a-b",
+    inclusive, compared as strings of the same shape, e.g. "t001-t120") if it is given."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if split == "all" or r["split"] == split]
+    rows = [r for r in rows if split == "all" or r["split"] == split]
+    if ids:
+        first, _, last = ids.partition("-")
+        rows = [r for r in rows if first <= str(r["id"]) <= (last or first)]
+    return rows
 
 
 def report(name: str, rows: list[dict[str, Any]], predicted: list[str]) -> dict[str, Any]:
@@ -109,8 +123,11 @@ async def llm_predictions(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--split", choices=["test", "holdout", "dev", "all"], default="test")
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--split", choices=SPLITS, default="test")
+    parser.add_argument(
+        "--data", type=Path, help=f"the rows (default {TUNE.name} for tune, else {DATA.name})"
+    )
+    parser.add_argument("--ids", help="only the rows with ids in this range, e.g. t001-t120")
     parser.add_argument("--llm-model", default="gpt-4o-mini")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
     parser.add_argument("--base-url", default="https://api.openai.com/v1")
@@ -118,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--errors", action="store_true", help="list the keyword misses")
     args = parser.parse_args(argv)
 
-    rows = load(args.data, args.split)
+    data = args.data or (TUNE if args.split == "tune" else DATA)
+    rows = load(data, args.split, args.ids)
+    if not rows:
+        parser.error(f"no rows of split {args.split!r} in {data}")
     predicted, took = keyword_predictions(rows)
     results = [report("keyword", rows, predicted)]
     print(show(results[0]))
@@ -130,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {row['id']} {row['label']} -> {label}: {row['text'][:90]!r}{context}")
     met = results[0]["accuracy"] >= TARGET_ACCURACY
     print(
-        f"  target (keyword accuracy >= {TARGET_ACCURACY} on {args.split}): "
+        f"  target (keyword accuracy >= {TARGET_ACCURACY} on {args.split}"
+        + (f" {args.ids}" if args.ids else "")
+        + "): "
         + ("met" if met else "NOT met")
     )
     if args.api_key:

@@ -4,6 +4,7 @@ what an LLM answers."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -60,6 +61,52 @@ def test_thanks_with_a_new_request_is_the_request() -> None:
 def test_pasted_material_is_not_read_as_the_users_own_words() -> None:
     text = "reply to this customer email: 'thanks, but your product is useless and broken'"
     assert classify(text).label == "task"
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("thanks, that helps. also, how long does bread keep?", "question"),
+        ("perfect! now put the third name first", "follow_up"),
+        ("cheers. btw who invented the croissant?", "question"),  # an aside: a new topic
+        ("hey there, hope your week is going well", "chitchat"),
+        ("merci beaucoup, c'est parfait", "feedback"),
+    ],
+)
+def test_an_opening_thanks_greeting_or_aside_leaves_the_rest_to_decide(
+    text: str, label: str
+) -> None:
+    assert classify(text, HISTORY).label == label
+
+
+def test_a_change_to_the_answer_is_a_follow_up_and_a_new_deliverable_a_task() -> None:
+    assert classify("add a tagline under each name", HISTORY).label == "follow_up"
+    assert classify("could you make the tone more playful", HISTORY).label == "follow_up"
+    assert classify("can you write me a haiku about bread", HISTORY).label == "task"
+
+
+def test_a_short_question_with_no_question_word_leans_on_the_answer() -> None:
+    assert classify("price for a dozen loaves?", HISTORY).label == "follow_up"
+    assert classify("und auf Deutsch?", HISTORY).label == "follow_up"
+    assert classify("price for a dozen loaves?").label == "question"  # nothing came before
+
+
+def test_a_polite_request_is_a_task_despite_its_question_mark() -> None:
+    assert classify("is there a chance you could summarise this in two lines?").label == "task"
+
+
+def test_corrections_complaints_and_remarks() -> None:
+    assert classify("no, the bakery opens at 7, not 8", HISTORY).label == "feedback"
+    assert classify("this doesn't even run, the import fails", HISTORY).label == "feedback"
+    assert classify("hmm that doesn't look right", HISTORY).label == "feedback"
+    assert classify("my cat just knocked my coffee over").label == "chitchat"
+
+
+def test_an_opener_repeated_across_a_long_turn_is_read_quickly() -> None:
+    started = time.perf_counter()
+    for text in ("thanks for the " * 150, "ok, " * 500 + "x", "hi there, " * 200 + "?"):
+        classify(text, HISTORY)
+    assert time.perf_counter() - started < 0.5
 
 
 def test_the_result_object_has_every_field_of_the_design() -> None:
