@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         access_log=False,  # memproxy writes its own structured access line
         log_level=args.log_level,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=math.ceil(config.server.shutdown_grace_seconds),
     )
 
 

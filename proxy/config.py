@@ -77,6 +77,9 @@ class ServerConfig(_Strict):
     # replica may have crashed) exchanges left `in_progress` for `stale_exchange_minutes`,
     # longer than any stream lasts, marked `incomplete`.
     maintenance_seconds: float = Field(60.0, gt=0)
+    # On SIGTERM: stop accepting, let requests and streams in flight finish for at most this
+    # long, then close what is left (its exchanges end `incomplete`).
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
     stale_exchange_minutes: float = Field(15.0, gt=0)
 
 
