@@ -137,8 +137,9 @@ def create_app(config: Config) -> Litestar:
                     upstreams=upstreams,
                 )
                 for upstream in state.upstreams.values():
-                    if isinstance(upstream, LiteLLMUpstream):
-                        await upstream.load()  # seconds: now rather than on a first request
+                    inner = getattr(upstream, "inner", upstream)  # (under its retries)
+                    if isinstance(inner, LiteLLMUpstream):
+                        await inner.load()  # seconds: now rather than on a first request
                 app.state.memproxy = state
                 await jobs.start()
                 try:

@@ -92,11 +92,30 @@ class TimeoutConfig(_Strict):
     read: float = Field(600.0, gt=0)
 
 
+class RetryConfig(_Strict):
+    # Further tries of a chat completion that failed before anything reached the client (no
+    # connection, a timeout before the response head, 408/409/429/5xx). Off by default: the
+    # OpenAI SDKs retry on their own, and retries in both places multiply.
+    attempts: int = Field(0, ge=0, le=10)
+    backoff_ms: float = Field(250, gt=0)  # doubling, with jitter
+    max_backoff_ms: float = Field(4000, gt=0)  # a longer retry-after goes back to the client
+
+
+class BreakerConfig(_Strict):
+    # After this many failures in a row (no connection, timeouts, 5xx) calls fail at once
+    # with 503 for `open_seconds`, then one trial call decides. null (the default): no
+    # breaker, every call goes to the upstream and its errors pass through.
+    failures: int | None = Field(None, ge=1)
+    open_seconds: float = Field(30.0, gt=0)
+
+
 class UpstreamConfig(_Strict):
     kind: Literal["echo", "openai", "litellm"]
     base_url: str | None = None
     api_key: str | None = None
     timeout: TimeoutConfig = TimeoutConfig()
+    retries: RetryConfig = RetryConfig()
+    breaker: BreakerConfig = BreakerConfig()
     # Served by GET /v1/models when the upstream cannot list its own (litellm, echo).
     models: list[str] | None = None
     # Ask for `stream_options.include_usage` on streams, to know what they cost. Turn off

@@ -27,6 +27,7 @@ from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
+from proxy.upstream.resilient import ResilientUpstream
 from proxy.vector_index import VectorIndex
 from storage.database import Database
 
@@ -78,11 +79,16 @@ class AppState:
 
 
 def build_upstream(name: str, config: UpstreamConfig, http: httpx.AsyncClient) -> Upstream:
+    """The upstream of a config entry, with its retries and circuit breaker (not the echo's:
+    it cannot fail)."""
+    if config.kind == "echo":
+        return EchoUpstream(name, config)
+    inner: Upstream
     if config.kind == "openai":
-        return OpenAIUpstream(name, config, http)
-    if config.kind == "litellm":
-        return LiteLLMUpstream(name, config)
-    return EchoUpstream(name, config)
+        inner = OpenAIUpstream(name, config, http)
+    else:
+        inner = LiteLLMUpstream(name, config)
+    return ResilientUpstream(inner, config)
 
 
 class _NoCookies(httpx.Cookies):

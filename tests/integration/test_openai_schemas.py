@@ -127,16 +127,18 @@ async def test_proxy_errors_match_openai_error_schema(
 async def test_unreachable_upstream_error_matches_openai_error_schema(
     serve_proxy: ServeProxy,
 ) -> None:
+    # Bound but not listening: connections are refused, and no server started meanwhile can
+    # be given the port (a closed socket's port could go to the proxy itself).
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    upstream = UpstreamConfig(kind="openai", base_url=f"http://127.0.0.1:{port}/v1")
-    async with httpx.AsyncClient() as http:
-        response = await http.post(
-            serve_proxy(make_config(upstream)) + "/chat/completions",
-            headers=AUTH,
-            json={"model": "gpt-4o-mini", "messages": HELLO},
-        )
+        upstream = UpstreamConfig(kind="openai", base_url=f"http://127.0.0.1:{port}/v1")
+        async with httpx.AsyncClient() as http:
+            response = await http.post(
+                serve_proxy(make_config(upstream)) + "/chat/completions",
+                headers=AUTH,
+                json={"model": "gpt-4o-mini", "messages": HELLO},
+            )
     assert_openai_error(response, 502, "upstream_unreachable")
 
 

@@ -1,0 +1,117 @@
+"""Retries and a circuit breaker around any upstream's chat completions
+(policies/resilience.py decides; this module waits and counts).
+
+A call is retried only while nothing has reached the client: a failure before the response
+head, or a head with a retryable status (then its body has been read whole and is dropped).
+A stream whose head came back fine is relayed as it is, and a failure after that reaches the
+client as the stream's final error event, as before. While the circuit is open, calls fail at
+once with a 503 (`upstream_circuit_open`) and `retry-after`. Everything else (models,
+embeddings, pass-through) goes to the upstream as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from policies.resilience import CircuitBreaker, is_failure, retry_delay
+from proxy.config import UpstreamConfig
+from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamStatusError
+from proxy.upstream.base import Upstream, UpstreamReply
+
+log = structlog.get_logger("memproxy.upstream")
+
+
+class CircuitOpen(ServiceUnavailable):
+    code = "upstream_circuit_open"
+
+
+class ResilientUpstream:
+    def __init__(
+        self,
+        inner: Upstream,
+        config: UpstreamConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.inner = inner
+        self.name, self.kind, self.stream_usage = inner.name, inner.kind, inner.stream_usage
+        self._retries = config.retries
+        breaker = config.breaker
+        self.breaker = (
+            CircuitBreaker(breaker.failures, breaker.open_seconds) if breaker.failures else None
+        )
+        self._clock, self._sleep = clock, sleep
+
+    def __getattr__(self, name: str) -> Any:  # list_models, passthrough, embeddings, load...
+        return getattr(self.inner, name)
+
+    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+        attempt = 0
+        while True:
+            attempt += 1
+            self._admit()
+            try:
+                reply = await self.inner.chat_completions(body, stream=stream)
+            except UpstreamStatusError as exc:  # (litellm's: the provider's own error status)
+                self._record(exc.status)
+                wait = self._wait(attempt, exc.status, exc.headers)
+                if wait is None:
+                    raise
+                log.info("upstream_retry", upstream=self.name, attempt=attempt, status=exc.status)
+            except UpstreamError as exc:  # no response head: unreachable, timed out
+                self._record(None)
+                wait = self._wait(attempt, None, {})
+                if wait is None:
+                    raise
+                log.info("upstream_retry", upstream=self.name, attempt=attempt, error=exc.code)
+            except BaseException:
+                self._abandon()  # (cancelled: neither a success nor a failure)
+                raise
+            else:
+                self._record(reply.status)
+                wait = None if reply.streamed else self._wait(attempt, reply.status, reply.headers)
+                if wait is None:
+                    return reply
+                log.info("upstream_retry", upstream=self.name, attempt=attempt, status=reply.status)
+            await self._sleep(wait)
+
+    def _wait(self, attempt: int, status: int | None, headers: dict[str, str]) -> float | None:
+        settings = self._retries
+        return retry_delay(
+            attempt,
+            attempts=settings.attempts,
+            base=settings.backoff_ms / 1000,
+            cap=settings.max_backoff_ms / 1000,
+            status=status,
+            headers=headers,
+        )
+
+    def _admit(self) -> None:
+        if self.breaker is None:
+            return
+        wait = self.breaker.admit(self._clock())
+        if wait is not None:
+            raise CircuitOpen(
+                f"Upstream {self.name!r} is failing; calls resume in {math.ceil(wait)} s.",
+                headers={"retry-after": str(math.ceil(wait))},
+            )
+
+    def _record(self, status: int | None) -> None:
+        if self.breaker is None:
+            return
+        was = self.breaker.state(self._clock())
+        self.breaker.record(self._clock(), failed=is_failure(status))
+        now = self.breaker.state(self._clock())
+        if now != was:
+            log.warning("upstream_circuit", upstream=self.name, state=now, status=status)
+
+    def _abandon(self) -> None:
+        if self.breaker is not None:
+            self.breaker.trial = False

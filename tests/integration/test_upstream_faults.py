@@ -1,0 +1,137 @@
+"""Upstream faults through the real server and the official SDK (which retries nothing here):
+429 and 5xx pass through with their retry headers; with `retries` on, what failed before
+anything reached the client is tried again (a 503, a refused connection) and what is an answer
+(a 400, a 429 asking for a long wait) is not; the circuit breaker fails fast with a 503 and
+`retry-after` once an upstream keeps failing, without calling it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.config import BreakerConfig, RetryConfig, UpstreamConfig
+from tests.conftest import KEY, make_config
+from tests.fakes.openai_upstream import FakeOpenAI, error_reply
+
+ASK = [{"role": "user", "content": "hello"}]
+
+
+def start(serve_proxy: Callable[..., str], base_url: str, **settings: Any) -> openai.AsyncOpenAI:
+    upstream = UpstreamConfig(kind="openai", base_url=base_url, api_key="k", **settings)
+    return openai.AsyncOpenAI(
+        base_url=serve_proxy(make_config(upstream)), api_key=KEY, max_retries=0
+    )
+
+
+QUICK = RetryConfig(attempts=2, backoff_ms=10, max_backoff_ms=1000)
+
+
+async def test_errors_pass_through_with_their_retry_headers_when_retries_are_off(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> None:
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url)
+    fake.script = [
+        error_reply(429, "slow down", "rate_limit_error", **{"retry-after": "7"}),
+        error_reply(503, "overloaded", "server_error", **{"retry-after-ms": "1500"}),
+    ]
+    with pytest.raises(openai.RateLimitError) as limited:
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert limited.value.response.headers["retry-after"] == "7"
+    with pytest.raises(openai.InternalServerError) as overloaded:
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert overloaded.value.status_code == 503
+    assert overloaded.value.response.headers["retry-after-ms"] == "1500"
+    assert len(fake.chat_requests) == 2  # each tried once
+    await sdk.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_retryable_failure_is_tried_again_before_anything_reaches_the_client(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str], stream: bool
+) -> None:
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url, retries=QUICK)
+    fake.script = [error_reply(503, "overloaded", "server_error"), error_reply(500, "oops")]
+    if stream:
+        chunks = await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    else:
+        reply = await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+        text = reply.choices[0].message.content or ""
+    assert text.strip() == "fake reply to: hello"
+    assert len(fake.chat_requests) == 3
+    await sdk.close()
+
+
+async def test_answers_are_not_retried(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> None:
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url, retries=QUICK)
+    fake.script = [
+        error_reply(400, "bad request"),
+        error_reply(429, "come back later", "rate_limit_error", **{"retry-after": "120"}),
+    ]
+    with pytest.raises(openai.BadRequestError):
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    with pytest.raises(openai.RateLimitError) as limited:  # longer than max_backoff_ms
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert limited.value.response.headers["retry-after"] == "120"
+    assert len(fake.chat_requests) == 2
+    await sdk.close()
+
+
+async def test_an_unreachable_upstream_is_tried_again_then_a_502(
+    serve_proxy: Callable[..., str],
+) -> None:
+    with socket.socket() as sock:  # bound, not listening: refused, and the port stays ours
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        sdk = start(serve_proxy, closed, retries=QUICK, breaker=BreakerConfig(failures=None))
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert caught.value.status_code == 502
+    assert caught.value.response.json()["error"]["code"] == "upstream_unreachable"
+    await sdk.close()
+
+
+async def test_the_breaker_fails_fast_once_an_upstream_keeps_failing(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> None:
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url, breaker=BreakerConfig(failures=3, open_seconds=60))
+    fake.script = [error_reply(502, "bad gateway", "server_error")] * 3
+    for _ in range(3):
+        with pytest.raises(openai.InternalServerError):
+            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert len(fake.chat_requests) == 3
+    with pytest.raises(openai.APIStatusError) as caught:
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert caught.value.status_code == 503
+    assert caught.value.response.json()["error"]["code"] == "upstream_circuit_open"
+    assert 0 < int(caught.value.response.headers["retry-after"]) <= 60
+    assert len(fake.chat_requests) == 3  # not called while open
+    # Other endpoints are not held back by it.
+    models = await sdk.models.list()
+    assert [m.id async for m in models]
+    await sdk.close()
+
+
+async def test_client_errors_never_open_the_circuit(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> None:
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url, breaker=BreakerConfig(failures=2))
+    fake.script = [error_reply(400, "bad")] * 3 + [error_reply(429, "slow", "rate_limit_error")]
+    for _ in range(4):
+        with pytest.raises(openai.APIStatusError) as caught:
+            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+        assert caught.value.status_code in (400, 429)
+    reply = await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    assert reply.choices[0].message.content
+    await sdk.close()
