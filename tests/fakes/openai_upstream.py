@@ -55,6 +55,39 @@ def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+def model_said(
+    content: str,
+    *,
+    model: str = "fake-model",
+    usage: tuple[int, int] | None = (1000, 100),
+    delay: float = 0.0,
+) -> Reply:
+    """A whole chat completion whose message is `content`: the scripted answer of one of the
+    proxy's own models (intent, extraction, summaries, planner). `usage`: (prompt,
+    completion) tokens, or None for a reply without usage."""
+    body: dict[str, Any] = {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    if usage is not None:
+        prompt, completion = usage
+        body["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+    return Reply(body=body, delay=delay)
+
+
 def error_reply(
     status: int, message: str, type_: str = "invalid_request_error", **headers: str
 ) -> Reply:

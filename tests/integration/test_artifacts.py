@@ -27,7 +27,7 @@ from proxy.config import (
     UpstreamConfig,
 )
 from tests.conftest import KEY, OTHER_TENANT_KEY
-from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, model_said
 from tests.fakes.server import ServerThread
 
 HELPER_MODEL = "helper-model"
@@ -74,22 +74,7 @@ def config(main_url: str, helper_url: str, **settings: Any) -> Config:
 
 
 def said(content: str) -> Reply:
-    return Reply(
-        body={
-            "id": "chatcmpl-helper",
-            "object": "chat.completion",
-            "created": 1,
-            "model": HELPER_MODEL,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100},
-        }
-    )
+    return model_said(content, model=HELPER_MODEL)
 
 
 class Proxy:

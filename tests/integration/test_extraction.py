@@ -26,7 +26,7 @@ from proxy.config import (
     UpstreamConfig,
 )
 from tests.conftest import KEY, OTHER_TENANT_KEY
-from tests.fakes.openai_upstream import FakeOpenAI, Reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
 from tests.processes import kill, spawn, stop, wait_ready
 
@@ -71,22 +71,7 @@ def decisions(*items: Any, usage: bool = True) -> Reply:
 
 def said(content: str, *, usage: bool = True) -> Reply:
     """A chat completion from the memory model whose content is `content`."""
-    body: dict[str, Any] = {
-        "id": "chatcmpl-memory",
-        "object": "chat.completion",
-        "created": 1,
-        "model": MEMORY_MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": "stop",
-            }
-        ],
-    }
-    if usage:
-        body["usage"] = {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}
-    return Reply(body=body)
+    return model_said(content, model=MEMORY_MODEL, usage=(1000, 100) if usage else None)
 
 
 class Proxy:

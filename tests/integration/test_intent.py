@@ -26,7 +26,7 @@ from proxy.config import (
     UpstreamConfig,
 )
 from tests.conftest import KEY, make_config
-from tests.fakes.openai_upstream import FakeOpenAI, Reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
 from tests.postgres import free_port
 
@@ -112,22 +112,7 @@ async def sessions(
 def verdict(label: str, confidence: float = 0.8, usage: bool = True, **extra: Any) -> Reply:
     """The classifier's answer: a chat completion whose content is the JSON object."""
     content = json.dumps({"label": label, "confidence": confidence, **extra})
-    body: dict[str, Any] = {
-        "id": "chatcmpl-intent",
-        "object": "chat.completion",
-        "created": 1,
-        "model": INTENT_MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": "stop",
-            }
-        ],
-    }
-    if usage:
-        body["usage"] = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
-    return Reply(body=body)
+    return model_said(content, model=INTENT_MODEL, usage=(100, 10) if usage else None)
 
 
 HISTORY_ANSWERED: list[Any] = [

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from policies.extraction import JOB_KIND
-from tests.fakes.openai_upstream import FakeOpenAI, Reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
 from tests.postgres import fresh_database
 from tests.processes import Replica, spawn, stop, wait_ready
@@ -30,21 +30,7 @@ TURNS = 4
 
 
 def nothing_to_remember() -> Reply:
-    body = {
-        "id": "chatcmpl-memory",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "memory-model",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": json.dumps({"memories": []})},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
-    }
-    return Reply(body=body)
+    return model_said(json.dumps({"memories": []}), model="memory-model", usage=(10, 2))
 
 
 @pytest.fixture

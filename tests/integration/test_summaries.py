@@ -24,7 +24,7 @@ from proxy.config import (
     UpstreamConfig,
 )
 from tests.conftest import KEY
-from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, model_said
 from tests.fakes.server import ServerThread
 
 SUMMARY_MODEL = "summary-model"
@@ -36,23 +36,7 @@ CONTEXT = ContextSettings(max_history_messages=4, min_recent_messages=2, recall=
 
 def said(content: str, *, delay: float = 0.0) -> Reply:
     """A chat completion from the summary model whose content is `content`."""
-    return Reply(
-        delay=delay,
-        body={
-            "id": "chatcmpl-summary",
-            "object": "chat.completion",
-            "created": 1,
-            "model": SUMMARY_MODEL,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100},
-        },
-    )
+    return model_said(content, model=SUMMARY_MODEL, delay=delay)
 
 
 @pytest.fixture
