@@ -6,7 +6,7 @@ one content chunk, waits `--tail` seconds and only then ends; its last chunk car
 `upstream_end_ns`, the upstream's `time.monotonic_ns()` at that moment (one clock for every
 process on the machine), so a client can tell whether the first chunk reached it earlier.
 
-    python bench/fake_upstream.py --port 9000 --chunk-delay 0.002 --tail 0.3
+    python bench/fake_upstream.py --port 9000 --chunk-delay 0.002 --tail 0.3 [--latency 0.2]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ _TAIL_MARK = "x-bench-tail"
 
 
 class BenchUpstream(FakeOpenAI):
-    def __init__(self, *, chunk_delay: float, tail: float) -> None:
-        super().__init__(chunk_delay=chunk_delay)
+    def __init__(self, *, chunk_delay: float, tail: float, latency: float = 0.0) -> None:
+        super().__init__(chunk_delay=chunk_delay, latency=latency)
         self.tail = tail
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -68,9 +68,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunk-delay", type=float, default=0.002)
     parser.add_argument("--tail", type=float, default=0.3)
+    parser.add_argument("--latency", type=float, default=0.0, help="before each response head")
     args = parser.parse_args()
     uvicorn.run(
-        BenchUpstream(chunk_delay=args.chunk_delay, tail=args.tail),
+        BenchUpstream(chunk_delay=args.chunk_delay, tail=args.tail, latency=args.latency),
         host="127.0.0.1",
         port=args.port,
         loop="uvloop",

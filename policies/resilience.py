@@ -2,8 +2,8 @@
 that keeps failing (a circuit breaker). Plain decisions: the clock is passed in.
 
 - **Retries** (`retry_delay`): only what failed before anything reached the client: a call
-  that could not connect or timed out before the response head, or a response head with a
-  status worth retrying (408, 409, 429, 500, 502, 503, 504, as the OpenAI SDKs retry them),
+  that could not connect, or a response head with a status worth retrying (408, 409, 429 and
+  every 5xx but 501, as the OpenAI SDKs retry them),
   unless the upstream says `x-should-retry: false`. The wait doubles from `base` up to `cap`,
   with jitter; the upstream's `retry-after-ms` or `retry-after` (seconds) wins when it asks for
   no more than `cap` (asked for more, the call is not retried here: the client decides).
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 409, 429})  # and every 5xx but 501 (see `retryable`)
 State = Literal["closed", "open", "half_open"]
 
 
@@ -55,7 +55,7 @@ def retry_delay(
         return None
     headers = headers or {}
     if status is not None:
-        if status not in RETRY_STATUSES:
+        if not retryable(status):
             return None
         if headers.get("x-should-retry", "").lower() == "false":
             return None
@@ -65,6 +65,12 @@ def retry_delay(
     exponential = min(cap, base * 2.0 ** (attempt - 1))
     jitter: float = (rng or random.Random()).uniform(0.75, 1.0)
     return exponential * jitter
+
+
+def retryable(status: int) -> bool:
+    """A status worth trying again: a timeout, a conflict, rate limiting, or any server error
+    but 501 (Anthropic's 529 "overloaded" among them)."""
+    return status in RETRY_STATUSES or (status >= 500 and status != 501)
 
 
 def is_failure(status: int | None) -> bool:
@@ -79,29 +85,48 @@ class CircuitBreaker:
     failures: int = 0
     opened_at: float | None = None
     trial: bool = field(default=False)  # a half-open trial call is under way
+    TRIAL_WAIT = 1.0  # what `admit` asks others to wait while a trial is under way
 
     def state(self, now: float) -> State:
         if self.opened_at is None:
             return "closed"
         return "open" if now - self.opened_at < self.open_seconds else "half_open"
 
-    def admit(self, now: float) -> float | None:
-        """None if a call may go ahead now; else the seconds until one may."""
+    def admit(self, now: float) -> tuple[float | None, bool]:
+        """(None, is_trial) if a call may go ahead now, the trial call of a half-open circuit
+        or not; else (seconds until one may, False)."""
         state = self.state(now)
         if state == "closed":
-            return None
+            return None, False
         if state == "half_open" and not self.trial:
             self.trial = True
-            return None
+            return None, True
+        if self.trial:
+            return self.TRIAL_WAIT, False
         assert self.opened_at is not None
-        return max(0.0, self.opened_at + self.open_seconds - now) or self.open_seconds
+        return max(0.0, self.opened_at + self.open_seconds - now) or self.open_seconds, False
 
-    def record(self, now: float, *, failed: bool) -> None:
-        """The outcome of an admitted call."""
-        self.trial = False
+    def record(self, now: float, *, failed: bool, trial: bool = False) -> None:
+        """The outcome of an admitted call (`trial`: the one `admit` said was the trial). The
+        trial decides a half-open circuit; calls admitted while it was closed count only
+        while it still is (a late answer does not decide an open one)."""
+        if trial:
+            self.trial = False
+            if failed:
+                self.opened_at = now  # open again
+            else:
+                self.failures, self.opened_at = 0, None
+            return
+        if self.opened_at is not None:
+            return
         if not failed:
-            self.failures, self.opened_at = 0, None
+            self.failures = 0
             return
         self.failures += 1
-        if self.opened_at is not None or self.failures >= self.threshold:
-            self.opened_at = now  # (re)open: a failed trial, or too many in a row
+        if self.failures >= self.threshold:
+            self.opened_at = now
+
+    def abandon(self, *, trial: bool) -> None:
+        """An admitted call that ended with no outcome (cancelled): a trial may be tried again."""
+        if trial:
+            self.trial = False

@@ -4,9 +4,11 @@
   start-up on SQLite (one process owns the file) every one of them; on PostgreSQL, where other
   replicas may be serving theirs, those older than `server.stale_exchange_minutes`, at start-up
   and then periodically, so a replica that crashed for good is swept by the others.
-- **Retention** (`retention_days` per tenant): conversations idle that long are deleted with
-  everything made of them, and so are exchange records as old and memories neither pinned,
-  changed nor used since. In batches, so one pass never holds the database for long.
+- **Retention** (`retention_days` per tenant, from the first interval on, not at start-up):
+  conversations idle that long are deleted with everything made of them (each row locked and
+  its idleness checked again, so a turn stored meanwhile keeps its conversation), and so are
+  exchange records as old and memories neither pinned, changed nor used since. In small
+  transactions, so one pass never holds the database for long.
 
 Every replica runs it: each step is idempotent, and two replicas doing it at once delete the
 same rows once.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,7 +35,9 @@ from storage.repositories.memories import Memories
 from storage.repositories.system import SystemRepository
 
 log = structlog.get_logger("memproxy.maintenance")
-BATCH = 200  # conversations deleted per transaction
+BATCH = 200  # idle conversations looked up at a time
+PER_TRANSACTION = 10  # conversations deleted per transaction
+ROWS = 1000  # exchange records or memories deleted per transaction
 
 
 @dataclass(slots=True)
@@ -85,6 +90,8 @@ class Maintenance:
             )
             if done.swept:
                 log.warning("swept_abandoned_exchanges", count=done.swept)
+        if starting:
+            return done  # retention waits for the first interval: start-up stays quick
         for name, tenant in self.config.tenants.items():
             if tenant.retention_days is not None:
                 deleted = await self.retain(name, at - timedelta(days=tenant.retention_days))
@@ -96,23 +103,33 @@ class Maintenance:
     async def retain(self, tenant_id: str, cutoff: datetime) -> dict[str, int]:
         """Delete what the tenant keeps no longer than `cutoff`."""
         deleted = {"conversations": 0, "exchanges": 0, "memories": 0}
+        # A conversation at a time (its row locked, idleness checked again), a few per
+        # transaction; records and memories a batch at a time: between transactions the
+        # requests' own writes go ahead.
         while True:
+            idle = await self.db.read(
+                lambda conn: Conversations(conn).idle_since(tenant_id, cutoff, limit=BATCH)
+            )
+            for start in range(0, len(idle), PER_TRANSACTION):
+                ids = idle[start : start + PER_TRANSACTION]
 
-            def batch(conn: Connection) -> int:
-                conversations = Conversations(conn)
-                idle = conversations.idle_since(tenant_id, cutoff, limit=BATCH)
-                return sum(conversations.delete(tenant_id, c) for c in idle)
+                def forget(conn: Connection, ids: Sequence[str] = ids) -> int:
+                    conversations = Conversations(conn)
+                    return sum(conversations.delete_if_idle(tenant_id, c, cutoff) for c in ids)
 
-            count = await self.db.write(batch)
-            deleted["conversations"] += count
-            if count < BATCH:
+                deleted["conversations"] += await self.db.write(forget)
+            if len(idle) < BATCH:
                 break
 
-        def rest(conn: Connection) -> tuple[int, int]:
-            return (
-                Exchanges(conn).delete_before(tenant_id, cutoff),
-                Memories(conn).delete_unused_since(tenant_id, cutoff),
-            )
+        def old_records(conn: Connection) -> int:
+            return Exchanges(conn).delete_before(tenant_id, cutoff, limit=ROWS)
 
-        deleted["exchanges"], deleted["memories"] = await self.db.write(rest)
+        def unused_memories(conn: Connection) -> int:
+            return Memories(conn).delete_unused_since(tenant_id, cutoff, limit=ROWS)
+
+        for kind, step in (("exchanges", old_records), ("memories", unused_memories)):
+            while (count := await self.db.write(step)) > 0:
+                deleted[kind] += count
+                if count < ROWS:
+                    break
         return deleted

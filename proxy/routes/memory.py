@@ -348,6 +348,7 @@ async def delete_user(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     user_param(user_id, "user_id")
+    await services.deferred.settle()  # mode-off records still in the batch go too
 
     def work(conn: Connection) -> dict[str, int]:
         tenant = principal.tenant_id

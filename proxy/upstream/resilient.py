@@ -1,8 +1,9 @@
 """Retries and a circuit breaker around any upstream's chat completions
 (policies/resilience.py decides; this module waits and counts).
 
-A call is retried only while nothing has reached the client: a failure before the response
-head, or a head with a retryable status (then its body has been read whole and is dropped).
+A call is retried only while nothing has reached the client: a failed connection, or a head
+with a retryable status (then its body has been read whole and is dropped). A timeout is not
+retried here: the provider may have run, and billed, the whole generation.
 A stream whose head came back fine is relayed as it is, and a failure after that reaches the
 client as the stream's final error event, as before. While the circuit is open, calls fail at
 once with a 503 (`upstream_circuit_open`) and `retry-after`. Everything else (models,
@@ -21,7 +22,7 @@ import structlog
 
 from policies.resilience import CircuitBreaker, is_failure, retry_delay
 from proxy.config import UpstreamConfig
-from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamStatusError
+from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamStatusError, UpstreamTimeout
 from proxy.upstream.base import Upstream, UpstreamReply
 
 log = structlog.get_logger("memproxy.upstream")
@@ -56,26 +57,31 @@ class ResilientUpstream:
         attempt = 0
         while True:
             attempt += 1
-            self._admit()
+            trial = self._admit()
             try:
                 reply = await self.inner.chat_completions(body, stream=stream)
             except UpstreamStatusError as exc:  # (litellm's: the provider's own error status)
-                self._record(exc.status)
+                self._record(exc.status, trial)
                 wait = self._wait(attempt, exc.status, exc.headers)
                 if wait is None:
                     raise
                 log.info("upstream_retry", upstream=self.name, attempt=attempt, status=exc.status)
-            except UpstreamError as exc:  # no response head: unreachable, timed out
-                self._record(None)
+            except UpstreamTimeout:
+                # Maybe a whole generation the provider bills: for the client to decide.
+                self._record(None, trial)
+                raise
+            except UpstreamError as exc:  # no response head: unreachable
+                self._record(None, trial)
                 wait = self._wait(attempt, None, {})
                 if wait is None:
                     raise
                 log.info("upstream_retry", upstream=self.name, attempt=attempt, error=exc.code)
             except BaseException:
-                self._abandon()  # (cancelled: neither a success nor a failure)
+                if self.breaker is not None:  # (cancelled: neither a success nor a failure)
+                    self.breaker.abandon(trial=trial)
                 raise
             else:
-                self._record(reply.status)
+                self._record(reply.status, trial)
                 wait = None if reply.streamed else self._wait(attempt, reply.status, reply.headers)
                 if wait is None:
                     return reply
@@ -93,25 +99,23 @@ class ResilientUpstream:
             headers=headers,
         )
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
+        """Whether the call may go (else CircuitOpen); True when it is the half-open trial."""
         if self.breaker is None:
-            return
-        wait = self.breaker.admit(self._clock())
+            return False
+        wait, trial = self.breaker.admit(self._clock())
         if wait is not None:
             raise CircuitOpen(
                 f"Upstream {self.name!r} is failing; calls resume in {math.ceil(wait)} s.",
                 headers={"retry-after": str(math.ceil(wait))},
             )
+        return trial
 
-    def _record(self, status: int | None) -> None:
+    def _record(self, status: int | None, trial: bool) -> None:
         if self.breaker is None:
             return
         was = self.breaker.state(self._clock())
-        self.breaker.record(self._clock(), failed=is_failure(status))
+        self.breaker.record(self._clock(), failed=is_failure(status), trial=trial)
         now = self.breaker.state(self._clock())
         if now != was:
             log.warning("upstream_circuit", upstream=self.name, state=now, status=status)
-
-    def _abandon(self) -> None:
-        if self.breaker is not None:
-            self.breaker.trial = False

@@ -414,6 +414,14 @@ class Conversations:
         )
         return True
 
+    def delete_if_idle(self, tenant_id: str, conversation_id: str, cutoff: datetime) -> bool:
+        """Delete the conversation if it is still idle since before `cutoff` (retention): its
+        row is locked first, as a turn's is, so a turn stored meanwhile keeps it."""
+        found = self.get(tenant_id, conversation_id, for_update=True)
+        if found is None or found.updated_at >= cutoff:
+            return False
+        return self.delete(tenant_id, conversation_id)
+
     def idle_since(self, tenant_id: str, cutoff: datetime, *, limit: int) -> Sequence[str]:
         """Ids of the conversations last active before `cutoff` (retention), oldest first."""
         rows = self.conn.execute(

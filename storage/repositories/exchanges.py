@@ -182,12 +182,20 @@ class Exchanges:
         rows = self.conn.execute(query.order_by(E.c.started_at, E.c.request_id).limit(limit))
         return [ExchangeRecord(**utc_row(r)) for r in rows]
 
-    def delete_before(self, tenant_id: str, cutoff: datetime) -> int:
-        """Delete the tenant's finished exchange records started before `cutoff` (retention)."""
+    def delete_before(self, tenant_id: str, cutoff: datetime, *, limit: int) -> int:
+        """Delete up to `limit` of the tenant's finished exchange records started before
+        `cutoff` (retention, in batches); how many."""
+        oldest = (
+            select(E.c.request_id)
+            .where(E.c.tenant_id == tenant_id, E.c.started_at < cutoff, E.c.status != "in_progress")
+            .order_by(E.c.started_at)
+            .limit(limit)
+        )
+        ids = list(self.conn.execute(oldest).scalars())
+        if not ids:
+            return 0
         result = self.conn.execute(
-            delete(E).where(
-                E.c.tenant_id == tenant_id, E.c.started_at < cutoff, E.c.status != "in_progress"
-            )
+            delete(E).where(E.c.tenant_id == tenant_id, E.c.request_id.in_(ids))
         )
         return int(result.rowcount)
 

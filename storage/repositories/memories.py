@@ -131,17 +131,23 @@ class Memories:
         )
         return int(result.rowcount)
 
-    def delete_unused_since(self, tenant_id: str, cutoff: datetime) -> int:
-        """Delete the tenant's memories neither pinned, changed nor used since `cutoff`
-        (retention; pinned ones are the user's own choice and stay)."""
-        result = self.conn.execute(
-            delete(R).where(
+    def delete_unused_since(self, tenant_id: str, cutoff: datetime, *, limit: int) -> int:
+        """Delete up to `limit` of the tenant's memories neither pinned, changed nor used since
+        `cutoff` (retention, in batches; pinned ones are the user's own choice and stay)."""
+        stale = (
+            select(R.c.pk)
+            .where(
                 R.c.tenant_id == tenant_id,
                 R.c.pinned.is_(False),
                 R.c.updated_at < cutoff,
                 or_(R.c.last_used_at.is_(None), R.c.last_used_at < cutoff),
             )
+            .limit(limit)
         )
+        pks = list(self.conn.execute(stale).scalars())
+        if not pks:
+            return 0
+        result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.pk.in_(pks)))
         return int(result.rowcount)
 
     def pinned(self, tenant_id: str, user_id: str, limit: int = 100) -> list[MemoryRecord]:

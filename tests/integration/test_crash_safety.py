@@ -147,7 +147,7 @@ async def test_a_crash_mid_stream_loses_and_doubles_nothing(
             record = await client.get(f"memory/exchanges/{stream.headers['x-request-id']}")
             assert record.json()["status"] == "incomplete"
         # The client retries its turn: answered, and the turn is still stored once.
-        retry = streams[0]
+        retry = Stream(client, 0)  # the same turn again, read afresh
         await retry.run()
         assert retry.done and retry.content() == f"fake reply to: {retry.text}"
         stored = await messages(client, retry.conversation)

@@ -6,7 +6,9 @@ anything reached the client is tried again (a 503, a refused connection) and wha
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -86,18 +88,41 @@ async def test_answers_are_not_retried(
     await sdk.close()
 
 
-async def test_an_unreachable_upstream_is_tried_again_then_a_502(
+async def test_a_connection_dropped_before_the_head_is_tried_again_then_a_502(
     serve_proxy: Callable[..., str],
 ) -> None:
-    with socket.socket() as sock:  # bound, not listening: refused, and the port stays ours
-        sock.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-        sdk = start(serve_proxy, closed, retries=QUICK, breaker=BreakerConfig(failures=None))
-        with pytest.raises(openai.APIStatusError) as caught:
-            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+    # An upstream that takes each connection and closes it at once, counting them.
+    accepted = 0
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.2)
+        stop = threading.Event()
+
+        def hang_up() -> None:
+            nonlocal accepted
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    conn, _ = listener.accept()
+                    conn.close()
+                    accepted += 1
+
+        thread = threading.Thread(target=hang_up, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        sdk = start(serve_proxy, url, retries=QUICK)
+        try:
+            with pytest.raises(openai.APIStatusError) as caught:
+                await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
+        finally:
+            stop.set()
+            thread.join()
+            await sdk.close()
     assert caught.value.status_code == 502
     assert caught.value.response.json()["error"]["code"] == "upstream_unreachable"
-    await sdk.close()
+    # Each try: the connection, and once more on a fresh one (a dropped keep-alive connection
+    # is reopened once by the openai upstream itself).
+    assert accepted == 2 * (1 + QUICK.attempts)
 
 
 async def test_the_breaker_fails_fast_once_an_upstream_keeps_failing(

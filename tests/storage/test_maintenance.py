@@ -20,7 +20,7 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.memories import Memories
 from storage.repositories.summaries import Summaries
-from tests.storage.test_repositories import T0, at, exchange, new_conversation
+from tests.storage.test_repositories import T0, at, chained, exchange, new_conversation
 
 CONFIG = Config(
     tenants={
@@ -155,3 +155,27 @@ async def test_the_sweeper_takes_only_what_no_live_process_can_be_serving(db: Da
         assert periodic.swept == 1
         assert await statuses() == {"req_stale": "incomplete", "req_fresh": "in_progress"}
         assert (await maintenance.run_once(starting=True)).swept == 0
+
+
+async def test_a_conversation_used_again_after_it_was_found_idle_is_kept(db: Database) -> None:
+    await new_conversation(db, "old", HELLO, when=T0)
+    idle = await db.read(lambda conn: Conversations(conn).idle_since("t1", at(500), limit=10))
+    assert idle == ["old"]
+    await new_conversation(db, "other", when=T0)  # (unrelated)
+
+    def used(conn: Connection) -> None:  # a turn lands before retention gets to it
+        conversations = Conversations(conn)
+        found = conversations.get("t1", "old", for_update=True)
+        assert found is not None
+        turn = [{"role": "user", "content": "still here"}]
+        conversations.append(found, "alice", chained(found, turn), now=at(1000))
+
+    await db.write(used)
+    kept = await db.write(lambda conn: Conversations(conn).delete_if_idle("t1", "old", at(500)))
+    assert kept is False
+    assert await count(db, MESSAGES, "t1") == 3
+    assert await Maintenance(db, CONFIG).retain("t1", at(500)) == {
+        "conversations": 1,  # "other" only
+        "exchanges": 0,
+        "memories": 0,
+    }

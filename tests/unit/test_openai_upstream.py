@@ -162,3 +162,15 @@ async def test_passthrough_keeps_method_path_query_and_body() -> None:
     assert sent.url.query == b"purpose=batch&limit=2"
     assert sent.headers["authorization"] == "Bearer sk-up"  # the client's key never leaves
     assert sent.headers["accept"] == "x"
+
+
+@respx.mock
+async def test_a_connection_the_server_closed_before_answering_is_tried_once_more() -> None:
+    dropped = httpx.RemoteProtocolError("Server disconnected without sending a response.")
+    route = respx.post(f"{BASE}/chat/completions").mock(
+        side_effect=[dropped, httpx.Response(200, json={"ok": True})]
+    )
+    async with httpx.AsyncClient() as client:
+        reply = await upstream(client).chat_completions(BODY, stream=False)
+    assert reply.status == 200 and route.call_count == 2
+    assert route.calls[0].request.content == route.calls[1].request.content

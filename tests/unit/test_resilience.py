@@ -10,7 +10,7 @@ import pytest
 
 from policies.resilience import CircuitBreaker, is_failure, retry_delay
 from proxy.config import BreakerConfig, RetryConfig, UpstreamConfig
-from proxy.errors import UpstreamStatusError, UpstreamUnreachable
+from proxy.errors import UpstreamStatusError, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.resilient import CircuitOpen, ResilientUpstream
 
@@ -26,7 +26,7 @@ def test_failures_before_a_response_head_are_retried_with_growing_waits() -> Non
     assert retry_delay(3, **SETTINGS) is None  # attempts used up
 
 
-@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504])
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504, 529])
 def test_statuses_the_sdks_retry_are_retried(status: int) -> None:
     assert retry_delay(1, **SETTINGS, status=status) is not None
 
@@ -58,30 +58,43 @@ def test_what_counts_as_an_upstream_failure() -> None:
 def test_the_circuit_opens_after_failures_in_a_row_and_a_trial_closes_it() -> None:
     breaker = CircuitBreaker(threshold=3, open_seconds=30)
     for now in (0.0, 1.0):
-        assert breaker.admit(now) is None
+        assert breaker.admit(now) == (None, False)
         breaker.record(now, failed=True)
     breaker.record(1.5, failed=False)  # a success in between resets the count
     for now in (2.0, 3.0, 4.0):
-        assert breaker.admit(now) is None
+        assert breaker.admit(now) == (None, False)
         breaker.record(now, failed=True)
     assert breaker.state(5.0) == "open"
-    assert breaker.admit(5.0) == pytest.approx(29.0)
-    # After open_seconds: one trial at a time.
+    assert breaker.admit(5.0) == (pytest.approx(29.0), False)
+    # After open_seconds: one trial at a time; the others are asked to wait a moment.
     assert breaker.state(34.0) == "half_open"
-    assert breaker.admit(34.0) is None
-    assert breaker.admit(34.1) is not None  # the trial is under way
-    breaker.record(35.0, failed=False)
-    assert breaker.state(35.0) == "closed" and breaker.admit(35.0) is None
+    assert breaker.admit(34.0) == (None, True)
+    assert breaker.admit(34.1) == (CircuitBreaker.TRIAL_WAIT, False)
+    breaker.record(35.0, failed=False, trial=True)
+    assert breaker.state(35.0) == "closed" and breaker.admit(35.0) == (None, False)
 
 
 def test_a_failed_trial_opens_the_circuit_again() -> None:
     breaker = CircuitBreaker(threshold=1, open_seconds=10)
     breaker.record(0.0, failed=True)
-    assert breaker.admit(5.0) == pytest.approx(5.0)
-    assert breaker.admit(10.0) is None  # the trial
-    breaker.record(10.5, failed=True)
-    assert breaker.state(11.0) == "open" and breaker.admit(20.0) is not None
-    assert breaker.admit(20.5) is None  # the next trial
+    assert breaker.admit(5.0) == (pytest.approx(5.0), False)
+    assert breaker.admit(10.0) == (None, True)
+    breaker.record(10.5, failed=True, trial=True)
+    assert breaker.state(11.0) == "open" and breaker.admit(20.0)[0] is not None
+    assert breaker.admit(20.5) == (None, True)  # the next trial
+
+
+def test_only_the_trial_decides_a_half_open_circuit() -> None:
+    breaker = CircuitBreaker(threshold=1, open_seconds=10)
+    assert breaker.admit(0.0) == (None, False)  # a slow call admitted while closed...
+    breaker.record(1.0, failed=True)  # ...and another that fails: open
+    assert breaker.admit(11.0) == (None, True)  # the trial
+    breaker.record(11.5, failed=False)  # the slow call answers late: decides nothing
+    assert breaker.trial and breaker.admit(11.6) == (CircuitBreaker.TRIAL_WAIT, False)
+    breaker.abandon(trial=False)  # nor does a late call's cancellation
+    assert breaker.trial
+    breaker.abandon(trial=True)  # the trial's client went away: another may try
+    assert breaker.admit(12.0) == (None, True)
 
 
 class Scripted:
@@ -138,3 +151,12 @@ async def test_a_cancelled_trial_does_not_hold_the_circuit_half_open_forever() -
         await upstream.chat_completions({}, stream=False)
     inner.outcomes.append(UpstreamReply(200, body=b"{}"))
     assert (await upstream.chat_completions({}, stream=False)).status == 200
+
+
+async def test_a_timeout_is_not_retried_the_provider_may_have_billed_it() -> None:
+    inner = Scripted(UpstreamTimeout("slow"), UpstreamReply(200, body=b"{}"))
+    config = UpstreamConfig(kind="openai", retries=RetryConfig(attempts=2))
+    upstream = ResilientUpstream(inner, config, sleep=no_wait)  # type: ignore[arg-type]
+    with pytest.raises(UpstreamTimeout):
+        await upstream.chat_completions({}, stream=False)
+    assert inner.calls == 1
