@@ -24,7 +24,7 @@ from policies.context import (
     mandatory_tokens,
 )
 from policies.intent import Intent
-from policies.pricing import ZERO
+from policies.pricing import ZERO, Usage
 from policies.tokens import count_message, count_messages, message_text, upper_bound_tokens
 from proxy.access import request_info
 from proxy.artifacts import NOTHING_ATTACHED, Attached, parse_inline
@@ -729,35 +729,20 @@ class ChatExchange:
     async def _charge_artifacts(self) -> None:
         """The planner's and summariser's calls, charged to the exchange once it is recorded
         (their cost is in the response's `x-cost-memory-usd` already)."""
-        turn, tenant, services = self.turn, self.principal.tenant_id, self.services
+        turn = self.turn
         if turn is not None and turn.pending is not None:
-            await services.deferred.settle()  # its record is written in a batch
+            await self.services.deferred.settle()  # its record is written in a batch
         for kind, model, usage in self.attached_artifacts.calls:
-            if turn is None:
-                services.limits.spend(
-                    tenant, usage.total_tokens, services.pricer.prices.cost(model, usage)
-                )
-                continue
-            try:
-                await services.charges.charge(
-                    tenant, turn.request_id, kind=kind, model=model, usage=usage
-                )
-            except StorageError as exc:
-                log.error("artifact_cost_not_recorded", request_id=turn.request_id, error=str(exc))
+            await self._charge(kind, model, usage)
 
     async def _record_llm_intent(self, task: asyncio.Task[LLMIntent]) -> None:
         """When the LLM's intent arrives (maybe after the response), it replaces the keyword
         one in the records, and its cost is charged to the exchange."""
         result = await task
         turn, tenant, services = self.turn, self.principal.tenant_id, self.services
-        if turn is None:  # storage was down for this exchange: count the cost, store nothing
-            if result.usage is not None:
-                cost = services.pricer.prices.cost(result.model, result.usage)
-                services.limits.spend(tenant, result.usage.total_tokens, cost)
-            return
-        if turn.pending is not None:
+        if turn is not None and turn.pending is not None:
             await services.deferred.settle()  # its record is written in a batch
-        if result.intent is not None:
+        if turn is not None and result.intent is not None:
             intent = result.intent
             try:
                 await services.db.write(
@@ -766,12 +751,25 @@ class ChatExchange:
             except StorageError as exc:
                 log.error("intent_not_recorded", request_id=turn.request_id, error=str(exc))
         if result.usage is not None:
-            try:
-                await services.charges.charge(
-                    tenant, turn.request_id, kind="intent", model=result.model, usage=result.usage
-                )
-            except StorageError as exc:
-                log.error("intent_cost_not_recorded", request_id=turn.request_id, error=str(exc))
+            await self._charge("intent", result.model, result.usage)
+
+    async def _charge(self, kind: str, model: str, usage: Usage) -> None:
+        """One of the proxy's own model calls, charged to the exchange (record, budgets,
+        metrics); when storage was down for the exchange, to the tenant's limits alone."""
+        turn, tenant, services = self.turn, self.principal.tenant_id, self.services
+        if turn is None:
+            services.limits.spend(
+                tenant, usage.total_tokens, services.pricer.prices.cost(model, usage)
+            )
+            return
+        try:
+            await services.charges.charge(
+                tenant, turn.request_id, kind=kind, model=model, usage=usage
+            )
+        except StorageError as exc:
+            log.error(
+                "memory_cost_not_recorded", request_id=turn.request_id, kind=kind, error=str(exc)
+            )
 
 
 def _store_intent(conn: Connection, tenant_id: str, request_id: str, intent: Intent) -> None:

@@ -23,7 +23,6 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
-from policies.artifacts import SUMMARY_KIND as SUMMARIES
 from proxy.auth import Principal
 from proxy.config import ServerConfig
 from proxy.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
@@ -36,7 +35,6 @@ from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord
 from storage.repositories.attachments import Attachments, new_attachment_id
 from storage.repositories.conversations import Conversations
-from storage.repositories.summaries import Summaries
 
 PATH = "/v1/memory/conversations/{conversation_id:str}/attachments"
 MAX_TITLE, MAX_SOURCE = 512, 2048
@@ -309,7 +307,6 @@ async def delete_attachment(
 
     def work(conn: Connection) -> bool:
         _attachment(conn, tenant, conversation_id, attachment_id)
-        Summaries(conn).delete_subject(tenant, SUMMARIES, attachment_id)
         return Attachments(conn).delete(tenant, attachment_id)
 
     if not await services.db.write(work):

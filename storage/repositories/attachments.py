@@ -25,6 +25,7 @@ from storage.errors import ConflictError
 from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS
 from storage.records import AttachmentRecord, ChunkRecord
 from storage.repositories.rows import columns, utc_row
+from storage.repositories.summaries import Summaries
 
 A = ATTACHMENTS
 K = ATTACHMENT_CHUNKS
@@ -252,10 +253,12 @@ class Attachments:
         return [ChunkHit(r.pk, r.attachment_pk, r.seq, float(r.score)) for r in rows]
 
     def delete(self, tenant_id: str, attachment_id: str) -> bool:
-        """Delete an attachment with its chunks (and so their index entries)."""
+        """Delete an attachment with its chunks (and so their index entries) and the summaries
+        made of it."""
         found = self.get(tenant_id, attachment_id)
         if found is None:
             return False
+        Summaries(self.conn).delete_subjects(tenant_id, [attachment_id])
         self.conn.execute(
             delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk == found.pk)
         )
@@ -263,10 +266,15 @@ class Attachments:
         return True
 
     def delete_conversation(self, tenant_id: str, conversation_pk: int) -> int:
-        """Delete a conversation's attachments and their chunks; how many attachments."""
+        """Delete a conversation's attachments, their chunks and the summaries made of them;
+        how many attachments."""
         owned = select(A.c.pk).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
+        ids = select(A.c.id).where(
+            A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
+        )
+        Summaries(self.conn).delete_subjects(tenant_id, list(self.conn.execute(ids).scalars()))
         self.conn.execute(delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk.in_(owned)))
         result = self.conn.execute(
             delete(A).where(A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk)

@@ -311,14 +311,8 @@ class Conversations:
         if found is None:
             return False
         MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
-        attachments = Attachments(self.conn)
-        documents = attachments.for_conversation(
-            tenant_id, found.pk, limit=1_000_000, with_content=False
-        )
-        Summaries(self.conn).delete_subjects(
-            tenant_id, [conversation_id, *(a.id for a in documents)]
-        )
-        attachments.delete_conversation(tenant_id, found.pk)
+        Summaries(self.conn).delete_subjects(tenant_id, [conversation_id])  # (its history's)
+        Attachments(self.conn).delete_conversation(tenant_id, found.pk)  # (theirs too)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )

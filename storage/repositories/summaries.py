@@ -92,12 +92,6 @@ class Summaries:
         ).first()
         return _record(row) if row else None
 
-    def delete_subject(self, tenant_id: str, kind: str, subject: str) -> int:
-        result = self.conn.execute(
-            delete(S).where(S.c.tenant_id == tenant_id, S.c.kind == kind, S.c.subject == subject)
-        )
-        return int(result.rowcount)
-
     def for_user(self, tenant_id: str, user_id: str) -> list[SummaryRecord]:
         """Every summary made for a user (export), oldest first."""
         rows = self.conn.execute(
