@@ -38,10 +38,12 @@ from proxy.maintenance import Maintenance
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
+from proxy.replay import SpillReplayer
 from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
+from proxy.spill import SpillFile
 from proxy.state import AppState, build_upstream, new_http_client
 from proxy.summaries import HistorySummarizer
 from proxy.upstream.litellm import LiteLLMUpstream
@@ -88,8 +90,9 @@ def create_app(config: Config) -> Litestar:
         db = Database(config.database.url)
         limits = LimitKeeper(db, config, interval=config.server.limits_sync_seconds)
         maintenance = Maintenance(db, config)
+        server = config.server
+        spill = SpillFile(server.spill_path, server.spill_max_bytes)
         try:
-            await maintenance.start()  # the start-up sweep first, then every interval
             await limits.start()  # knows today's spend before the first request
             pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
             async with new_http_client() as http:
@@ -97,7 +100,6 @@ def create_app(config: Config) -> Litestar:
                     name: build_upstream(name, upstream, http)
                     for name, upstream in config.upstreams.items()
                 }
-                server = config.server
                 jobs = JobRunner(
                     db,
                     metrics,
@@ -121,8 +123,8 @@ def create_app(config: Config) -> Litestar:
                     keys=KeyRing(config),
                     http=http,
                     db=db,
-                    memory=ConversationMemory(db),
-                    deferred=DeferredExchanges(db),
+                    memory=ConversationMemory(db, timeout=server.storage_timeout_ms / 1000),
+                    deferred=DeferredExchanges(db, spill),
                     catalog=catalog,
                     pricer=pricer,
                     metrics=metrics,
@@ -134,17 +136,35 @@ def create_app(config: Config) -> Litestar:
                     extractor=extractor,
                     embeddings=embeddings,
                     vectors=vectors,
+                    spill=spill,
                     upstreams=upstreams,
                 )
+                replayer = SpillReplayer(
+                    spill,
+                    state.memory,
+                    config,
+                    metrics,
+                    intents=state.intents,
+                    extractor=extractor,
+                    embeddings=embeddings,
+                    wake_jobs=jobs.wake,
+                    interval=server.spill_replay_seconds,
+                )
+                # What the spill holds goes in before the start-up sweep, which would close
+                # the exchanges its outcomes complete.
+                await replayer.replay()
+                await maintenance.start()  # the start-up sweep first, then every interval
                 for upstream in state.upstreams.values():
                     inner = getattr(upstream, "inner", upstream)  # (under its retries)
                     if isinstance(inner, LiteLLMUpstream):
                         await inner.load()  # seconds: now rather than on a first request
                 app.state.memproxy = state
                 await jobs.start()
+                await replayer.start()
                 try:
                     yield
                 finally:
+                    await replayer.stop()
                     await jobs.stop()
                     await state.drain()
                     await state.deferred.close()

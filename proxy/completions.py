@@ -37,11 +37,13 @@ from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, now
 from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
+from proxy.replay import spilled_outcome, spilled_turn
+from proxy.spill import Spilled, SpillFull
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
 from proxy.summaries import summarize_history
 from proxy.vector_index import SemanticQuery
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageTimeout
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.memories import Memories
@@ -212,10 +214,21 @@ async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
     try:
         await services.memory.finish(turn, outcome)
     except StorageError as exc:
-        log.error("exchange_not_recorded", request_id=turn.request_id, error=str(exc))
+        # The reply and the record wait in the spill for the database.
+        log.warning("exchange_spilled", request_id=turn.request_id, error=str(exc))
+        head = (turn.tenant_id, turn.user_id, turn.request_id, now())
+        await spill_outcome(services, spilled_outcome(*head, outcome, turn=turn))
         return
     if turn.extract or turn.embed or turn.summarize_through is not None:
         services.jobs.wake()  # its extraction / embedding / summary job was queued with the reply
+
+
+async def spill_outcome(services: AppState, entry: Spilled) -> None:
+    """Keep an outcome storage could not take (never refused: its request was answered)."""
+    try:
+        await services.spill.add(entry, bounded=False)
+    except OSError as exc:
+        log.error("exchange_not_recorded", request_id=entry.request_id, error=str(exc))
 
 
 class ChatExchange:
@@ -238,6 +251,8 @@ class ChatExchange:
         self.turn: Turn | None = None
         self.assembly: Assembly | None = None
         self.degraded = False
+        self.spilled = False  # the turn went to the spill (storage was down)
+        self.started_at = now()
         self.attached: dict[str, Any] = {}
         self.sent_messages: list[dict[str, Any]] = body["messages"]
         self.prompt_tokens: int | None = None  # our count of the prompt, when one was needed
@@ -388,11 +403,7 @@ class ChatExchange:
                 self.principal.tenant_id, self.turn.user_id, self.turn.mode
             )
         except StorageError as exc:
-            if not tenant.fail_open:
-                raise ServiceUnavailable("Memory storage is unavailable.") from exc
-            self.degraded = True
-            self.services.metrics.degraded.labels(self.principal.tenant_id).inc()
-            log.warning("memory_degraded", request_id=self.request_id, error=str(exc))
+            await self._degrade(exc)
         use_memory = await self._classify()
         turn = self.turn
         ctx = tenant.context
@@ -469,6 +480,47 @@ class ChatExchange:
             self.attached["attachments"] = attached.record(sent=sent)
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
+
+    async def _degrade(self, error: StorageError) -> None:
+        """Storage failed (or was too slow for) the turn: answer without memory and keep the
+        turn in the spill, to be stored when the database is back; or refuse with 503 when
+        the tenant says `fail_open: false` or the spill is full."""
+        tenant_id, services = self.principal.tenant_id, self.services
+        reason = "timeout" if isinstance(error, StorageTimeout) else "unavailable"
+        if not self.principal.tenant.fail_open:
+            raise ServiceUnavailable(
+                "Memory storage is unavailable.", code="memory_unavailable"
+            ) from error
+        entry = spilled_turn(
+            request_id=self.request_id,
+            tenant_id=tenant_id,
+            user_id=self.ext.user_id,
+            started_at=self.started_at,
+            mode=self.ext.mode,
+            model=self.model,
+            conversation_id=self.ext.conversation_id,
+            idempotency_key=self.ext.idempotency_key,
+            messages=self.sent_messages,
+            upstream=self.upstream.name,
+            stream=self.info.stream,
+        )
+        try:
+            await services.spill.add(entry, bounded=True)
+        except (SpillFull, OSError) as exc:
+            services.metrics.spill_refused.labels(tenant_id).inc()
+            log.error(
+                "memory_spill_refused", request_id=self.request_id, reason=reason, error=str(exc)
+            )
+            raise ServiceUnavailable(
+                "Memory storage is unavailable and the proxy cannot keep the turn until it is "
+                "back (its spill is full). Try again later.",
+                code="memory_spill_full",
+                headers={"retry-after": "5"},
+            ) from error
+        self.spilled = True
+        self.degraded = True
+        services.metrics.degraded.labels(tenant_id, reason).inc()
+        log.warning("memory_degraded", request_id=self.request_id, reason=reason, error=str(error))
 
     def _embed_question(self) -> None:
         """Start embedding the newest user message when recall will want it (the tenant has
@@ -716,6 +768,9 @@ class ChatExchange:
             self.services.limits.spend(tenant, usage.total_tokens, outcome.bill.upstream_usd)
         if self.turn is not None:
             await record(self.services, self.turn, outcome)
+        elif self.spilled:  # its turn is in the spill: the outcome goes after it
+            head = (tenant, self.ext.user_id, self.request_id, self.started_at)
+            await spill_outcome(self.services, spilled_outcome(*head, outcome, turn=None))
         if self.llm_intent is not None:
             task = self.services.spawn(self._record_llm_intent(self.llm_intent))
             if self.turn is not None:

@@ -81,6 +81,18 @@ class ServerConfig(_Strict):
     # long, then close what is left (its exchanges end `incomplete`).
     shutdown_grace_seconds: float = Field(30.0, ge=0)
     stale_exchange_minutes: float = Field(15.0, gt=0)
+    # Storing a turn (or its reply) that takes longer than this, or fails, degrades the request:
+    # it is answered without memory (`fail_open`, per tenant) and what it would have stored
+    # goes to the spill, a local file replayed into the database every `spill_replay_seconds`
+    # once it answers. A full spill (`spill_max_bytes`; 0: no spill) turns degradation into a
+    # 503. Replicas on one host may share the file.
+    storage_timeout_ms: int = Field(3000, gt=0)
+    spill_path: str = "./memproxy-spill.jsonl"
+    spill_max_bytes: int = Field(64 * 2**20, ge=0)
+    spill_replay_seconds: float = Field(5.0, gt=0)
+    # Debugging only: log the messages of each chat request and its reply (content is
+    # otherwise never logged). Keys are never logged.
+    log_content: bool = False
 
 
 class DatabaseConfig(_Strict):

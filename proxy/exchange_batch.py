@@ -12,6 +12,8 @@ import structlog
 from sqlalchemy import Connection
 
 from proxy.memory import Outcome, Turn, pending_row
+from proxy.replay import spilled_record
+from proxy.spill import SpillFile
 from storage.database import Database
 from storage.errors import StorageError, StorageUnavailable
 from storage.repositories.exchanges import Exchanges
@@ -22,10 +24,11 @@ log = structlog.get_logger("memproxy.exchanges")
 class DeferredExchanges:
     """Exchange records of turns that stored nothing beforehand (mode off), written in batches
     shortly after their responses: one transaction for many, on no request's path. A crash
-    loses at most the last batch's records, never conversation content."""
+    loses at most the last batch's records, never conversation content; a batch the database
+    cannot take goes to the spill."""
 
-    def __init__(self, db: Database, delay: float = 0.05) -> None:
-        self.db = db
+    def __init__(self, db: Database, spill: SpillFile, delay: float = 0.05) -> None:
+        self.db, self.spill = db, spill
         self.delay = delay
         self._rows: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -69,7 +72,14 @@ class DeferredExchanges:
         try:
             await self.db.write(partial(_insert_finished, rows))
         except StorageUnavailable as exc:
-            log.error("exchanges_not_recorded", count=len(rows), error=str(exc))
+            # They wait in the spill for the database.
+            log.warning("exchanges_spilled", count=len(rows), error=str(exc))
+            for row in rows:
+                try:
+                    await self.spill.add(spilled_record(row), bounded=False)
+                except OSError as lost:
+                    request_id = row["request_id"]
+                    log.error("exchange_not_recorded", request_id=request_id, error=str(lost))
         except StorageError:
             # One bad row must not cost the others their records.
             for row in rows:

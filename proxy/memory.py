@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 from sqlalchemy import Connection
@@ -39,13 +39,14 @@ from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from storage.database import Database
-from storage.errors import ConflictError, StaleConversation
+from storage.errors import ConflictError, StaleConversation, StorageTimeout
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 
 log = structlog.get_logger("memproxy.memory")
+T = TypeVar("T")
 Mode = Literal["full", "read", "off"]
 # The intent of a request's newest user turn, given the messages up to it.
 IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
@@ -203,6 +204,36 @@ def _classify(
     return turn.intent
 
 
+def opening(
+    *,
+    request_id: str,
+    tenant_id: str,
+    user_id: str,
+    conversation_id: str | None,
+    mode: Mode,
+    idempotency_key: str | None,
+    model: str,
+    upstream: str,
+    stream: bool,
+    started_at: datetime,
+) -> tuple[Turn, NewExchange]:
+    """A turn about to begin, and its exchange record as it opens."""
+    turn = Turn(request_id, tenant_id, user_id, mode, model)
+    exchange = NewExchange(
+        request_id=request_id,
+        tenant_id=tenant_id,
+        user_id=user_id,
+        model=model,
+        upstream=upstream,
+        mode=mode,
+        stream=stream,
+        started_at=started_at,
+        conversation_id=conversation_id,
+        idempotency_key=idempotency_key,
+    )
+    return turn, exchange
+
+
 def _stored(record: MessageRecord) -> StoredTurn:
     return StoredTurn(record.to_openai(), record.tokens, record.seq)
 
@@ -217,8 +248,16 @@ class ConversationMemory:
     cannot see each other's pending writes, so there the reply is written before the response
     ends."""
 
-    def __init__(self, db: Database, *, reply_after_response: bool | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        reply_after_response: bool | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.db = db
+        # Storing a turn or a reply (waiting for the database) may take this long, at most.
+        self.timeout = timeout
         self.reply_after_response = (
             db.is_sqlite if reply_after_response is None else reply_after_response
         )
@@ -268,18 +307,17 @@ class ConversationMemory:
         """`intent_of` classifies the newest user turn given the messages before it (stored
         history, then the request's): microseconds, so it runs inside the transaction, where
         the history is known, and its result is stored with the turn."""
-        turn = Turn(request_id, tenant_id, user_id, mode, model)
-        exchange = NewExchange(
+        turn, exchange = opening(
             request_id=request_id,
             tenant_id=tenant_id,
             user_id=user_id,
+            conversation_id=conversation_id,
+            mode=mode,
+            idempotency_key=idempotency_key,
             model=model,
             upstream=upstream,
-            mode=mode,
             stream=stream,
             started_at=now(),
-            conversation_id=conversation_id,
-            idempotency_key=idempotency_key,
         )
         if mode == "off" and idempotency_key is None:
             # Nothing to store before the upstream call: the exchange is recorded whole when
@@ -287,14 +325,29 @@ class ConversationMemory:
             turn.pending = exchange
             _classify(turn, exchange, intent_of, messages)
             return turn
-        await self.settle(tenant_id, user_id)
         count = await TokenCounter(model).prepare(messages)
+        return await self._in_time(
+            self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of)
+        )
+
+    async def _store_turn(
+        self,
+        turn: Turn,
+        exchange: NewExchange,
+        conversation_id: str | None,
+        messages: list[dict[str, Any]],
+        context: ContextSettings,
+        count: TokenCounter,
+        intent_of: IntentOf | None,
+    ) -> Turn:
+        tenant_id, user_id, idempotency_key = turn.tenant_id, turn.user_id, exchange.idempotency_key
+        await self.settle(tenant_id, user_id)
         for attempt in (1, 2):
             exchange.idempotency_key = idempotency_key  # an attempt may have cleared it
             try:
                 await self.db.write(
                     partial(
-                        self._begin,
+                        self.begin_in,
                         turn,
                         exchange,
                         conversation_id,
@@ -310,10 +363,19 @@ class ConversationMemory:
                 # idempotency key first; the second attempt finds its row.
                 if attempt == 2:
                     raise
-                turn = Turn(request_id, tenant_id, user_id, mode, model)
+                turn = Turn(turn.request_id, tenant_id, user_id, turn.mode, turn.model)
         raise AssertionError("unreachable")
 
-    def _begin(
+    async def _in_time(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` (waiting for the database), or StorageTimeout after `timeout`. On SQLite
+        a write already handed to the writer thread may still land later: the spill's replay
+        finds it recorded and does not store it twice."""
+        try:
+            return await asyncio.wait_for(work, self.timeout)
+        except TimeoutError as exc:
+            raise StorageTimeout(f"storage took longer than {self.timeout:g} s") from exc
+
+    def begin_in(
         self,
         turn: Turn,
         exchange: NewExchange,
@@ -324,6 +386,7 @@ class ConversationMemory:
         intent_of: IntentOf | None,
         conn: Connection,
     ) -> None:
+        """`begin()`'s work inside the caller's transaction (also the spill's replay)."""
         key = self._resolve(
             conn,
             turn,
@@ -457,73 +520,84 @@ class ConversationMemory:
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
         """Store the reply (whole, partial or none) and close the exchange record."""
         count = await TokenCounter(turn.model).prepare([outcome.reply] if outcome.reply else [])
-        await self.db.write(partial(self._finish, turn, outcome, count))
-
-    def _finish(self, turn: Turn, outcome: Outcome, count: TokenCounter, conn: Connection) -> None:
-        conv = turn.conversation
-        reply = outcome.reply
-        stored = None
-        if turn.store_reply and conv is not None and reply is not None:
-            conversations = Conversations(conn)
-            tokens = count(reply)
-
-            def store(at: ConversationRecord, status: str) -> None:
-                in_chain = status == "complete"
-                message = NewMessage(
-                    role="assistant",
-                    content=reply.get("content"),
-                    tool_calls=reply.get("tool_calls"),
-                    tokens=tokens,
-                    chain_hash=chain_next(at.chain_hash, reply) if in_chain else None,
-                    status=status,
-                    exchange_id=turn.request_id,
-                )
-                conversations.append(at, turn.user_id, [message], now=now())
-                nonlocal stored
-                stored = status
-
-            try:
-                # Usually nothing was stored since begin(): no need to read the row again.
-                store(conv, outcome.status)
-            except StaleConversation:
-                fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
-                if fresh is None:  # deleted meanwhile: the reply goes nowhere
-                    pass
-                elif _answered_meanwhile(conversations, conv):
-                    # Another attempt at the same turn (a retry that overtook this one)
-                    # answered it first: keep this reply for the record, outside the chain.
-                    status = "superseded" if outcome.status == "complete" else outcome.status
-                    store(fresh, status)
-                else:
-                    store(fresh, outcome.status)
-        if turn.pending is not None:  # nothing was written for it yet
-            Exchanges(conn).insert_finished([pending_row(turn, outcome)])
-        else:
-            Exchanges(conn).finish(turn.tenant_id, turn.request_id, **outcome.fields())
-        if turn.extract and stored == "complete":  # with the reply, or not at all
-            Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EXTRACTION, turn.request_id, now=now())
-        if turn.embed and conv is not None and turn.mode == "full":
-            # The turn's messages (stored at begin) and a complete reply: whatever is there.
-            Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EMBED, turn.request_id, now=now())
-        if turn.summarize_through is not None and conv is not None:
-            # Once per conversation and seq: the next requests that find the same need are
-            # not queued again. Charged to this exchange.
-            payload = {
-                "conversation_id": conv.id,
-                "conversation_pk": conv.pk,
-                "through_seq": turn.summarize_through,
-                "exchange_id": turn.request_id,
-            }
-            ref = f"{conv.pk}:{turn.summarize_through}"
-            Jobs(conn).enqueue(
-                turn.tenant_id, turn.user_id, SUMMARIZE, ref, now=now(), payload=payload
+        await self._in_time(
+            self.db.write(
+                partial(finish_in, turn, outcome.status, outcome.reply, outcome.fields(), count)
             )
+        )
+
+
+def finish_in(
+    turn: Turn,
+    status: str,
+    reply: dict[str, Any] | None,
+    fields: dict[str, Any],
+    count: TokenCounter,
+    conn: Connection,
+) -> None:
+    """`finish()`'s work inside the caller's transaction (also the spill's replay): `status`
+    and `reply` are the outcome's, `fields` the exchange record's columns for it."""
+    conv = turn.conversation
+    stored = None
+    if turn.store_reply and conv is not None and reply is not None:
+        conversations = Conversations(conn)
+        tokens = count(reply)
+
+        def store(at: ConversationRecord, as_status: str) -> None:
+            in_chain = as_status == "complete"
+            message = NewMessage(
+                role="assistant",
+                content=reply.get("content"),
+                tool_calls=reply.get("tool_calls"),
+                tokens=tokens,
+                chain_hash=chain_next(at.chain_hash, reply) if in_chain else None,
+                status=as_status,
+                exchange_id=turn.request_id,
+            )
+            conversations.append(at, turn.user_id, [message], now=now())
+            nonlocal stored
+            stored = as_status
+
+        try:
+            # Usually nothing was stored since begin(): no need to read the row again.
+            store(conv, status)
+        except StaleConversation:
+            fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
+            if fresh is None:  # deleted meanwhile: the reply goes nowhere
+                pass
+            elif _answered_meanwhile(conversations, conv):
+                # Another attempt at the same turn (a retry that overtook this one)
+                # answered it first: keep this reply for the record, outside the chain.
+                store(fresh, "superseded" if status == "complete" else status)
+            else:
+                store(fresh, status)
+    if turn.pending is not None:  # nothing was written for it yet
+        Exchanges(conn).insert_finished([pending_fields(turn.pending) | fields])
+    else:
+        Exchanges(conn).finish(turn.tenant_id, turn.request_id, **fields)
+    if turn.extract and stored == "complete":  # with the reply, or not at all
+        Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EXTRACTION, turn.request_id, now=now())
+    if turn.embed and conv is not None and turn.mode == "full":
+        # The turn's messages (stored at begin) and a complete reply: whatever is there.
+        Jobs(conn).enqueue(turn.tenant_id, turn.user_id, EMBED, turn.request_id, now=now())
+    if turn.summarize_through is not None and conv is not None:
+        # Once per conversation and seq: the next requests that find the same need are
+        # not queued again. Charged to this exchange.
+        payload = {
+            "conversation_id": conv.id,
+            "conversation_pk": conv.pk,
+            "through_seq": turn.summarize_through,
+            "exchange_id": turn.request_id,
+        }
+        ref = f"{conv.pk}:{turn.summarize_through}"
+        Jobs(conn).enqueue(turn.tenant_id, turn.user_id, SUMMARIZE, ref, now=now(), payload=payload)
+
+
+def pending_fields(pending: NewExchange) -> dict[str, Any]:
+    return {f.name: getattr(pending, f.name) for f in dataclasses.fields(pending)}
 
 
 def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:
     """The whole record of an exchange that nothing was written for before it ended."""
     assert turn.pending is not None
-    pending = turn.pending
-    return {
-        f.name: getattr(pending, f.name) for f in dataclasses.fields(pending)
-    } | outcome.fields()
+    return pending_fields(turn.pending) | outcome.fields()

@@ -91,8 +91,25 @@ class Metrics:
         )
         self.degraded = Counter(
             "memproxy_memory_degraded_requests",
-            "Chat completions answered without memory because storage failed.",
+            "Chat completions answered without memory because storage failed, by reason "
+            "(unavailable, timeout).",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.spill_refused = Counter(
+            "memproxy_spill_refused_requests",
+            "Chat completions refused with 503 because storage failed and the spill was full.",
             ["tenant"],
+            registry=r,
+        )
+        self.spill_bytes = Gauge(
+            "memproxy_spill_bytes", "Bytes in the local spill waiting for the database.", registry=r
+        )
+        self.spill_replayed = Counter(
+            "memproxy_spill_replayed_requests",
+            "Spilled requests written to the database, by result (replayed, duplicate, erased, "
+            "refused, gone, failed).",
+            ["result"],
             registry=r,
         )
         self.intents = Counter(

@@ -23,6 +23,7 @@ from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
+from proxy.spill import SpillFile
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.litellm import LiteLLMUpstream
@@ -50,6 +51,7 @@ class AppState:
     artifacts: Artifacts
     extractor: MemoryExtractor
     embeddings: Embeddings
+    spill: SpillFile
     # Recall's vectors (None while no tenant has embeddings on: numpy is then not needed).
     vectors: VectorIndex | None = None
     upstreams: dict[str, Upstream] = field(default_factory=dict)

@@ -2,6 +2,7 @@
 
 StorageError
 ├── StorageUnavailable   the database cannot be reached or refused the operation
+│   └── StorageTimeout   the database did not answer in time
 ├── ConflictError        the row exists already (e.g. a client-chosen id taken)
 └── StaleConversation    a conversation changed since it was read; read it again
 """
@@ -14,6 +15,10 @@ class StorageError(Exception):
 
 
 class StorageUnavailable(StorageError):
+    pass
+
+
+class StorageTimeout(StorageUnavailable):
     pass
 
 

@@ -340,6 +340,18 @@ class UsageCounter(Base):
     updated_at: Mapped[datetime]
 
 
+class Erasure(Base):
+    """When a user was last erased. Turns spilled to a replica's local file while the database
+    was away (proxy/spill.py) are replayed only if they began after it, so an erasure cannot
+    be undone by a replay."""
+
+    __tablename__ = "erasures"
+
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    erased_at: Mapped[datetime]
+
+
 # Core handles on the tables, for the repositories' SQL expressions.
 CONVERSATIONS = cast(Table, Conversation.__table__)
 MESSAGES = cast(Table, Message.__table__)
@@ -351,3 +363,4 @@ ATTACHMENTS = cast(Table, Attachment.__table__)
 ATTACHMENT_CHUNKS = cast(Table, AttachmentChunk.__table__)
 SUMMARIES = cast(Table, Summary.__table__)
 MESSAGE_VECTORS = cast(Table, MessageVector.__table__)
+ERASURES = cast(Table, Erasure.__table__)

@@ -19,6 +19,8 @@ E = EXCHANGES
 C = USAGE_COUNTERS
 J = JOBS
 MINUTE_WINDOWS = "minute:"  # every minute window's key starts so, and sorts after it
+# The error of an exchange the sweeper closed (a spilled outcome may still complete it).
+SWEPT = "abandoned: the proxy stopped mid-exchange"
 
 
 class SystemRepository:
@@ -33,7 +35,7 @@ class SystemRepository:
             .values(
                 status="incomplete",
                 finished_at=now,
-                error="abandoned: the proxy stopped mid-exchange",
+                error=SWEPT,
             )
         )
         return result.rowcount

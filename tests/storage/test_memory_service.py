@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from proxy.costs import Bill
 from proxy.errors import NotFound
 from proxy.exchange_batch import DeferredExchanges
 from proxy.memory import ConversationMemory, Mode, Outcome, Turn
+from proxy.spill import SpillFile
 from storage.database import Database
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.conversations import Conversations
@@ -363,9 +365,10 @@ async def test_reply_lands_after_turns_stored_while_it_was_generated(
 
 
 async def test_off_mode_records_are_written_in_one_batch_and_flushed_on_close(
-    db: Database, memory: ConversationMemory
+    db: Database, memory: ConversationMemory, tmp_path: Path
 ) -> None:
-    deferred = DeferredExchanges(db, delay=3600)  # only close() writes them here
+    spill = SpillFile(tmp_path / "spill.jsonl", 2**20)
+    deferred = DeferredExchanges(db, spill, delay=3600)  # only close() writes them here
     turns = [await begin(memory, [user(f"q{i}")], mode="off") for i in range(3)]
     for turn in turns:
         assert turn.pending is not None  # nothing was written before the upstream call

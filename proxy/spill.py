@@ -1,0 +1,253 @@
+"""The spill: what storage could not take, kept in a local file until it can.
+
+When the database is unreachable or slower than `server.storage_timeout_ms`, a chat request is
+still answered (fail-open, `x-memory-status: degraded`), and what it would have stored goes
+here instead: the user's turn, appended and fsynced before the upstream is called (as the
+database write would have been), then the exchange's outcome when it ends. Outcomes whose
+`finish()` failed and mode-off records whose batch failed come here too. `SpillReplayer`
+(proxy/replay.py) writes it all to the database when it answers again, each exchange once
+(entries are keyed by request id), and then deletes the file.
+
+The file is bounded (`server.spill_max_bytes`, counting the file being replayed): a new turn
+that would not fit is refused, and the request gets a 503 rather than an answer that would be
+forgotten. Outcomes and records of requests already answered are always written, so the file
+may pass the bound by their size.
+
+One JSON object per line. Appending, taking the file for replay and scrubbing a user hold an
+exclusive lock (flock on `<path>.lock`), and one replay at a time holds `<path>.replay.lock`,
+so replicas on one host may share the path. Lines that cannot be read go to `<path>.failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+log = structlog.get_logger("memproxy.spill")
+
+Kind = Literal["turn", "outcome", "record"]
+KINDS = ("turn", "outcome", "record")
+
+
+class SpillFull(Exception):
+    """The spill holds `spill_max_bytes` already: a new turn cannot be kept."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spilled:
+    """One line: a turn (what `begin()` was given), an outcome (what `finish()` was given) or
+    a whole exchange record (mode off), of one request."""
+
+    kind: Kind
+    tenant_id: str
+    user_id: str
+    request_id: str
+    at: datetime  # when the request began
+    data: dict[str, Any]
+
+    def line(self) -> bytes:
+        entry = {
+            "kind": self.kind,
+            "tenant": self.tenant_id,
+            "user": self.user_id,
+            "request_id": self.request_id,
+            "at": self.at.isoformat(),
+            "data": self.data,
+        }
+        return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def parse(cls, line: bytes) -> Spilled:
+        """Raises ValueError for a line that is not an entry."""
+        try:
+            entry = json.loads(line)
+            kind = entry["kind"]
+            if kind not in KINDS or not isinstance(entry["data"], dict):
+                raise ValueError(f"not a spill entry: kind {kind!r}")
+            return cls(
+                kind=kind,
+                tenant_id=str(entry["tenant"]),
+                user_id=str(entry["user"]),
+                request_id=str(entry["request_id"]),
+                at=datetime.fromisoformat(entry["at"]),
+                data=entry["data"],
+            )
+        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a spill entry: {exc}") from exc
+
+
+class SpillFile:
+    def __init__(self, path: str | Path, max_bytes: int) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.replaying = self.path.with_name(self.path.name + ".replaying")
+        self.failed = self.path.with_name(self.path.name + ".failed")
+        self._lock = self.path.with_name(self.path.name + ".lock")
+        self._replay_lock = self.path.with_name(self.path.name + ".replay.lock")
+
+    async def add(self, entry: Spilled, *, bounded: bool) -> None:
+        """Append and fsync `entry`. `bounded` (a new turn): SpillFull when it would not fit."""
+        await asyncio.to_thread(self._add, entry.line(), bounded)
+
+    def _add(self, line: bytes, bounded: bool) -> None:
+        with _locked(self._lock):
+            if bounded and self._size() + len(line) > self.max_bytes:
+                raise SpillFull(f"the spill holds {self._size()} of {self.max_bytes} bytes")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _append(self.path, line)
+
+    def size(self) -> int:
+        """Bytes waiting, in the file and in the one being replayed."""
+        return self._size()
+
+    def _size(self) -> int:
+        return sum(_size(p) for p in (self.path, self.replaying))
+
+    async def take(self) -> SpillRound | None:
+        """The entries waiting, for one replay; None when there are none or another replay
+        (another replica on this host) is running. New entries go to a fresh file meanwhile;
+        a round that did not finish leaves its file for the next one."""
+        return await asyncio.to_thread(self._take)
+
+    def _take(self) -> SpillRound | None:
+        holder = _try_lock(self._replay_lock)
+        if holder is None:
+            return None
+        try:
+            with _locked(self._lock):
+                if not self.replaying.exists() and _size(self.path) > 0:
+                    self.path.rename(self.replaying)
+            entries = self._read(self.replaying) if self.replaying.exists() else []
+        except BaseException:
+            os.close(holder)
+            raise
+        if not entries:
+            with contextlib.suppress(FileNotFoundError):
+                self.replaying.unlink()
+            os.close(holder)
+            return None
+        return SpillRound(self, entries, holder)
+
+    def _read(self, path: Path) -> list[Spilled]:
+        entries = []
+        raw = path.read_bytes()
+        lines = raw.split(b"\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(Spilled.parse(line))
+            except ValueError as exc:
+                if number == len(lines):  # no newline after it: a write cut short by a crash
+                    log.warning("spill_torn_line", path=str(path), bytes=len(line))
+                else:
+                    log.error("spill_unreadable_line", path=str(path), line=number, error=str(exc))
+                _append(self.failed, line + b"\n")
+        return entries
+
+    async def dead_letter(self, entries: list[Spilled], reason: str) -> None:
+        """Entries that cannot be replayed: kept in `<path>.failed`, never dropped."""
+        log.error("spill_not_replayed", request_id=entries[0].request_id, reason=reason)
+        await asyncio.to_thread(_append, self.failed, b"".join(e.line() for e in entries))
+
+    async def forget(self, tenant_id: str, user_id: str) -> int:
+        """Remove a user's entries (an erasure), waiting for a replay running now. Returns how
+        many there were."""
+        return await asyncio.to_thread(self._forget, tenant_id, user_id)
+
+    def _forget(self, tenant_id: str, user_id: str) -> int:
+        removed = 0
+        with _locked(self._replay_lock), _locked(self._lock):
+            for path in (self.path, self.replaying):
+                if not path.exists():
+                    continue
+                lines = path.read_bytes().splitlines(keepends=True)
+                kept = [line for line in lines if not _of(line, tenant_id, user_id)]
+                if len(kept) == len(lines):
+                    continue
+                removed += len(lines) - len(kept)
+                scratch = path.with_name(path.name + ".scrub")
+                with open(scratch, "wb") as out:
+                    out.write(b"".join(kept))
+                    out.flush()
+                    os.fsync(out.fileno())
+                scratch.replace(path)
+        return removed
+
+
+class SpillRound:
+    """One replay's entries; `close(done=True)` deletes them, `close(done=False)` keeps them
+    for the next round. Replaying an entry twice is harmless (the replay skips exchanges
+    already recorded)."""
+
+    def __init__(self, spill: SpillFile, entries: list[Spilled], holder: int) -> None:
+        self.spill, self.entries, self._holder = spill, entries, holder
+
+    async def close(self, *, done: bool) -> None:
+        def close() -> None:
+            try:
+                if done:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.spill.replaying.unlink()
+            finally:
+                os.close(self._holder)
+
+        await asyncio.to_thread(close)
+
+
+def _of(line: bytes, tenant_id: str, user_id: str) -> bool:
+    try:
+        entry = Spilled.parse(line)
+    except ValueError:
+        return False
+    return entry.tenant_id == tenant_id and entry.user_id == user_id
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _append(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+def _try_lock(path: Path) -> int | None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd

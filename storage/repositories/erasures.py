@@ -1,0 +1,49 @@
+"""When users were erased: a replayed turn that began before its user's erasure is dropped."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+from storage.models import ERASURES
+
+E = ERASURES
+
+
+class Erasures:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def lock(self, tenant_id: str, user_id: str) -> None:
+        """Serialise this transaction with any other erasing or replaying the same user (on
+        PostgreSQL; SQLite has one writer at a time anyway): a replay then either sees the
+        erasure or is wholly before it, and so deleted by it."""
+        if self.conn.dialect.name == "postgresql":
+            self.conn.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"erasure:{len(tenant_id)}:{tenant_id}:{user_id}"},
+            )
+
+    def record(self, tenant_id: str, user_id: str, at: datetime) -> None:
+        """Note the user's erasure (after `lock`, in the erasure's own transaction)."""
+        insert = postgresql.insert if self.conn.dialect.name == "postgresql" else sqlite.insert
+        statement = insert(E).values(tenant_id=tenant_id, user_id=user_id, erased_at=at)
+        self.conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=[E.c.tenant_id, E.c.user_id],
+                set_={"erased_at": statement.excluded.erased_at},
+            )
+        )
+
+    def erased_since(self, tenant_id: str, user_id: str, at: datetime) -> bool:
+        """Whether the user was erased at or after `at`."""
+        erased = self.conn.execute(
+            select(E.c.erased_at).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
+        ).scalar_one_or_none()
+        if erased is None:
+            return False
+        if erased.tzinfo is None:  # SQLite gives datetimes back naive (stored as UTC)
+            erased = erased.replace(tzinfo=UTC)
+        return bool(erased >= at)
