@@ -119,7 +119,12 @@ class SpillFile:
         a round that did not finish leaves its file for the next one."""
         return await asyncio.to_thread(self._take)
 
+    def _waiting(self) -> bool:
+        return self.path.exists() or self.replaying.exists()
+
     def _take(self) -> SpillRound | None:
+        if not self._waiting():
+            return None
         holder = _try_lock(self._replay_lock)
         if holder is None:
             return None
@@ -167,6 +172,8 @@ class SpillFile:
 
     def _forget(self, tenant_id: str, user_id: str) -> int:
         removed = 0
+        if not self._waiting():  # (one written after this check is dropped at its replay)
+            return removed
         with _locked(self._replay_lock), _locked(self._lock):
             for path in (self.path, self.replaying):
                 if not path.exists():

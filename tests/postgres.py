@@ -101,18 +101,31 @@ class PostgresServer:
         for attempt in range(1, attempts + 1):
             # The port is free now but could be taken before the server binds it: retry.
             self.port = free_port()
-            # pg_ctl hands these to a shell.
-            options = [f"-p {self.port}", f"-k {shlex.quote(str(self.root))}", "-h 127.0.0.1"]
-            options += [f"-c {key}={value}" for key, value in SETTINGS.items()]
             try:
-                self._run(
-                    "pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w",
-                    "-t", "30", "-o", " ".join(options),
-                )  # fmt: skip
+                self._launch()
                 return
             except PostgresCommandFailed:
                 if attempt == attempts:
                     raise
+
+    def _launch(self) -> None:
+        # pg_ctl hands these to a shell.
+        options = [f"-p {self.port}", f"-k {shlex.quote(str(self.root))}", "-h 127.0.0.1"]
+        options += [f"-c {key}={value}" for key, value in SETTINGS.items()]
+        self._run(
+            "pg_ctl", "start", "-D", str(self.data), "-l", str(self.log), "-w",
+            "-t", "30", "-o", " ".join(options),
+        )  # fmt: skip
+
+    def pause(self) -> None:
+        """Stop the server (an outage: connections are cut), keeping its data. `fast`, not
+        `immediate`: with the tests' `synchronous_commit=off` an immediate stop would lose
+        the last commits."""
+        self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "fast", "-w")
+
+    def resume(self) -> None:
+        """Start it again, on the same port, after `pause`."""
+        self._launch()
 
     def stop(self) -> None:
         """Stop the server (immediately: its data is about to be deleted) and delete it all."""

@@ -26,6 +26,7 @@ from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
 from storage.repositories.attachments import Attachments
 from storage.repositories.conversations import Conversations
+from storage.repositories.erasures import Erasures
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
 from storage.repositories.summaries import Summaries
@@ -352,6 +353,10 @@ async def delete_user(
 
     def work(conn: Connection) -> dict[str, int]:
         tenant = principal.tenant_id
+        # Turns of this user waiting in a replica's spill are not written back after this.
+        erasures = Erasures(conn)
+        erasures.lock(tenant, user_id)
+        erasures.record(tenant, user_id, now())
         vectors = MessageVectors(conn).delete_user(tenant, user_id)
         attachments = Attachments(conn).delete_user(tenant, user_id)
         counts = Conversations(conn).delete_user(tenant, user_id)
@@ -365,6 +370,7 @@ async def delete_user(
         }
 
     counts = await services.db.write(work)
+    counts["spilled"] = await services.spill.forget(principal.tenant_id, user_id)
     if services.vectors is not None:
         services.vectors.forget(principal.tenant_id, user_id)
     return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})

@@ -161,6 +161,7 @@ async def test_another_tenants_conversation_is_404_everywhere(
         "jobs": 0,
         "summaries": 0,
         "vectors": 0,
+        "spilled": 0,
     }
 
     mine = (await api.get("/conversations/c1")).json()
