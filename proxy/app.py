@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import structlog
 from litestar import Litestar
@@ -35,10 +36,10 @@ from proxy.intent import IntentClassifiers
 from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
 from proxy.maintenance import Maintenance
-from proxy.memory import ConversationMemory
+from proxy.memory import ANONYMOUS, ConversationMemory
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
-from proxy.replay import SpillReplayer
+from proxy.replay import SpillReplayer, Wanted
 from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
@@ -144,9 +145,11 @@ def create_app(config: Config) -> Litestar:
                     state.memory,
                     config,
                     metrics,
-                    intents=state.intents,
-                    extractor=extractor,
-                    embeddings=embeddings,
+                    intent_of=lambda tenant: partial(state.intents.keyword, tenant),
+                    wanted=lambda tenant, user, mode: Wanted(
+                        extract=extractor.wanted(tenant, user, mode),
+                        embed=embeddings.wanted(tenant, user, mode, ANONYMOUS),
+                    ),
                     wake_jobs=jobs.wake,
                     interval=server.spill_replay_seconds,
                 )

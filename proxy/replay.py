@@ -26,13 +26,10 @@ import structlog
 from sqlalchemy import Connection
 
 from proxy.config import Config, TenantConfig
-from proxy.embeddings import Embeddings
 from proxy.errors import ProxyError
-from proxy.extraction import MemoryExtractor
-from proxy.intent import IntentClassifiers
 from proxy.memory import (
-    ANONYMOUS,
     ConversationMemory,
+    IntentOf,
     Mode,
     Outcome,
     TokenCounter,
@@ -128,6 +125,14 @@ def spilled_record(row: dict[str, Any]) -> Spilled:
     return Spilled("record", tenant_id, user_id, request_id, row["started_at"], _dates_out(row))
 
 
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What to queue after a replayed reply: memory extraction, embedding."""
+
+    extract: bool
+    embed: bool
+
+
 @dataclass(slots=True)
 class _Request:
     """One request's entries."""
@@ -159,16 +164,16 @@ class SpillReplayer:
         config: Config,
         metrics: Metrics,
         *,
-        intents: IntentClassifiers,
-        extractor: MemoryExtractor,
-        embeddings: Embeddings,
+        intent_of: Callable[[str], IntentOf],
+        wanted: Callable[[str, str, str], Wanted],
         wake_jobs: Callable[[], None],
         interval: float,
     ) -> None:
+        """`intent_of(tenant)` classifies a replayed turn as a live one would be;
+        `wanted(tenant, user, mode)` says what to queue after its reply."""
         self.spill, self.memory, self.db = spill, memory, memory.db
         self.config, self.metrics = config, metrics
-        self.intents, self.extractor, self.embeddings = intents, extractor, embeddings
-        self.wake_jobs = wake_jobs
+        self.intent_of, self.wanted, self.wake_jobs = intent_of, wanted, wake_jobs
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
 
@@ -291,7 +296,7 @@ class SpillReplayer:
                 messages,
                 tenant.context,
                 count,
-                partial(self.intents.keyword, entry.tenant_id),
+                self.intent_of(entry.tenant_id),
                 conn,
             )
         except ProxyError as exc:  # (raised before anything is written)
@@ -308,11 +313,9 @@ class SpillReplayer:
     def _flag(self, turn: Turn, flags: dict[str, Any]) -> None:
         """What `finish_in` queues after the reply: as the live request decided, when it
         got as far, else as a live request would now."""
-        tenant_id, user_id, mode = turn.tenant_id, turn.user_id, turn.mode
-        turn.extract = bool(flags.get("extract", self.extractor.wanted(tenant_id, user_id, mode)))
-        turn.embed = bool(
-            flags.get("embed", self.embeddings.wanted(tenant_id, user_id, mode, ANONYMOUS))
-        )
+        wanted = self.wanted(turn.tenant_id, turn.user_id, turn.mode)
+        turn.extract = bool(flags.get("extract", wanted.extract))
+        turn.embed = bool(flags.get("embed", wanted.embed))
         turn.summarize_through = flags.get("summarize_through")
 
     def _resumed(self, conn: Connection, found: ExchangeRecord, outcome: Spilled | None) -> Turn:

@@ -1,0 +1,270 @@
+"""The spill's replay into a real database (SQLite and PostgreSQL): each request stored once
+however often it is replayed, exchanges begun in the database completed, erased users not
+brought back, refused turns recorded, and an unreachable database leaves the spill as it was."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies.pricing import Usage
+from proxy.config import UpstreamConfig
+from proxy.costs import Bill
+from proxy.memory import ConversationMemory, Outcome, pending_row
+from proxy.metrics import Metrics
+from proxy.replay import SpillReplayer, Wanted, spilled_outcome, spilled_record, spilled_turn
+from proxy.spill import SpillFile
+from storage.database import Database
+from storage.repositories.conversations import Conversations
+from storage.repositories.erasures import Erasures
+from storage.repositories.exchanges import Exchanges
+from storage.repositories.jobs import Jobs
+from storage.repositories.system import SystemRepository
+from tests.conftest import make_config
+from tests.postgres import free_port
+from tests.storage.test_memory_service import assistant, begin, user
+
+CONFIG = make_config(UpstreamConfig(kind="echo"))
+EXTRACT = Wanted(extract=True, embed=False)
+
+
+@pytest.fixture
+def spill(tmp_path: Path) -> SpillFile:
+    return SpillFile(tmp_path / "spill.jsonl", 2**20)
+
+
+def replayer(spill: SpillFile, db: Database, wanted: Wanted = EXTRACT) -> SpillReplayer:
+    return SpillReplayer(
+        spill,
+        ConversationMemory(db),
+        CONFIG,
+        Metrics(),
+        intent_of=lambda tenant: lambda messages: None,
+        wanted=lambda tenant, user, mode: wanted,
+        wake_jobs=lambda: None,
+        interval=3600,
+    )
+
+
+def reply(text: str) -> Outcome:
+    return Outcome("complete", 200, reply=assistant(text), bill=Bill(Usage(5, 3), None))
+
+
+async def spill_turn(
+    spill: SpillFile,
+    request_id: str,
+    text: str,
+    answer: str | None,
+    *,
+    user_id: str = "alice",
+    at: datetime | None = None,
+    conversation_id: str = "c1",
+) -> None:
+    """A degraded request of a thin client: its turn, then (if it ended) its outcome."""
+    at = at or datetime.now(UTC)
+    turn = spilled_turn(
+        request_id=request_id,
+        tenant_id="t1",
+        user_id=user_id,
+        started_at=at,
+        mode="full",
+        model="gpt-4o-mini",
+        conversation_id=conversation_id,
+        idempotency_key=None,
+        messages=[user(text)],
+        upstream="main",
+        stream=False,
+    )
+    await spill.add(turn, bounded=True)
+    if answer is not None:
+        outcome = spilled_outcome("t1", user_id, request_id, at, reply(answer), turn=None)
+        await spill.add(outcome, bounded=False)
+
+
+async def messages(db: Database, conversation_id: str = "c1") -> list[tuple[str, Any, str]]:
+    def read(conn: Any) -> list[tuple[str, Any, str]]:
+        conversations = Conversations(conn)
+        conv = conversations.get("t1", conversation_id)
+        if conv is None:
+            return []
+        return [(m.role, m.content, m.status) for m in conversations.messages("t1", conv.pk)]
+
+    return await db.read(read)
+
+
+async def exchange(db: Database, request_id: str) -> Any:
+    return await db.read(lambda conn: Exchanges(conn).get("t1", request_id))
+
+
+async def test_spilled_turns_are_stored_once_in_order_however_often_replayed(
+    db: Database, spill: SpillFile
+) -> None:
+    await spill_turn(spill, "r1", "first", "one")
+    await spill_turn(spill, "r2", "second", "two")
+    lines = spill.path.read_bytes()
+    assert await replayer(spill, db).replay() == {"replayed": 2}
+    assert not spill.path.exists() and not spill.replaying.exists()
+    expected = [
+        ("user", "first", "complete"),
+        ("assistant", "one", "complete"),
+        ("user", "second", "complete"),
+        ("assistant", "two", "complete"),
+    ]
+    assert await messages(db) == expected
+    record = await exchange(db, "r2")
+    assert (record.status, record.prompt_tokens, record.completion_tokens) == ("complete", 5, 3)
+    jobs = await db.read(lambda conn: Jobs(conn).find("t1", user_id="alice", limit=10))
+    assert sorted(j.ref for j in jobs) == ["r1", "r2"]  # extraction queued, as a live reply
+
+    # A round that stopped before it could delete its file: the same entries again.
+    spill.path.write_bytes(lines)
+    assert await replayer(spill, db).replay() == {"duplicate": 2}
+    assert await messages(db) == expected
+
+
+async def test_a_turn_whose_outcome_is_not_spilled_yet_waits_in_progress(
+    db: Database, spill: SpillFile
+) -> None:
+    """The request was still streaming when the round took the file: its turn goes in, and
+    its outcome, in a later round, completes it."""
+    at = datetime.now(UTC)
+    await spill_turn(spill, "r1", "still streaming", None, at=at)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert (await exchange(db, "r1")).status == "in_progress"
+    outcome = spilled_outcome("t1", "alice", "r1", at, reply("done now"), turn=None)
+    await spill.add(outcome, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db) == [
+        ("user", "still streaming", "complete"),
+        ("assistant", "done now", "complete"),
+    ]
+    assert (await exchange(db, "r1")).status == "complete"
+
+
+async def test_a_begin_that_landed_after_its_timeout_is_completed_not_repeated(
+    db: Database, spill: SpillFile
+) -> None:
+    memory = ConversationMemory(db)
+    turn = await begin(memory, [user("slow")], conversation_id="c1")
+    # The request saw a timeout and spilled the same turn under the same request id.
+    at = datetime.now(UTC)
+    entry = spilled_turn(
+        request_id=turn.request_id,
+        tenant_id="t1",
+        user_id="alice",
+        started_at=at,
+        mode="full",
+        model="gpt-4o-mini",
+        conversation_id="c1",
+        idempotency_key=None,
+        messages=[user("slow")],
+        upstream="main",
+        stream=False,
+    )
+    await spill.add(entry, bounded=True)
+    outcome = spilled_outcome("t1", "alice", turn.request_id, at, reply("late"), turn=None)
+    await spill.add(outcome, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db) == [("user", "slow", "complete"), ("assistant", "late", "complete")]
+
+
+async def test_an_outcome_whose_finish_failed_completes_even_a_swept_exchange(
+    db: Database, spill: SpillFile
+) -> None:
+    memory = ConversationMemory(db)
+    turn = await begin(memory, [user("question")], conversation_id="c1")
+    turn.extract = False  # what the live request decided goes along with the outcome
+    later = datetime.now(UTC) + timedelta(hours=1)
+    swept = await db.write(lambda conn: SystemRepository(conn).sweep_in_progress(later, later))
+    assert swept == 1 and (await exchange(db, turn.request_id)).status == "incomplete"
+    entry = spilled_outcome("t1", "alice", turn.request_id, later, reply("answer"), turn=turn)
+    await spill.add(entry, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db) == [
+        ("user", "question", "complete"),
+        ("assistant", "answer", "complete"),
+    ]
+    assert (await exchange(db, turn.request_id)).status == "complete"
+    assert await db.read(lambda conn: Jobs(conn).find("t1", user_id="alice", limit=10)) == []
+
+
+async def test_a_user_erased_after_the_turn_began_gets_nothing_back(
+    db: Database, spill: SpillFile
+) -> None:
+    """Another replica's spill, which the erasure could not scrub."""
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    await spill_turn(spill, "r1", "forget me", "ok", at=before)
+    await db.write(lambda conn: Erasures(conn).record("t1", "alice", datetime.now(UTC)))
+    await spill_turn(spill, "r2", "I am back", "welcome", conversation_id="c2")
+    assert await replayer(spill, db).replay() == {"erased": 1, "replayed": 1}
+    assert await messages(db) == []
+    assert await exchange(db, "r1") is None
+    assert [m[1] for m in await messages(db, "c2")] == ["I am back", "welcome"]
+
+
+async def test_a_turn_the_database_would_have_refused_is_recorded_without_its_messages(
+    db: Database, spill: SpillFile
+) -> None:
+    await begin(ConversationMemory(db), [user("bob's")], conversation_id="c1", user_id="bob")
+    await spill_turn(spill, "r1", "alice's, into bob's conversation", "answered anyway")
+    assert await replayer(spill, db).replay() == {"refused": 1}
+    assert [m[1] for m in await messages(db)] == ["bob's"]
+    record = await exchange(db, "r1")
+    assert (record.status, record.http_status) == ("error", 404)
+    assert "not stored" in record.error
+
+
+async def test_a_mode_off_record_is_inserted_once(db: Database, spill: SpillFile) -> None:
+    turn = await begin(ConversationMemory(db), [user("private")], mode="off")
+    assert turn.pending is not None
+    row = pending_row(turn, reply("ok"))
+    for _ in range(2):
+        await spill.add(spilled_record(row), bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    await spill.add(spilled_record(row), bounded=False)
+    assert await replayer(spill, db).replay() == {"duplicate": 1}
+    record = await exchange(db, turn.request_id)
+    assert (record.mode, record.status, record.started_at) == ("off", "complete", row["started_at"])
+
+
+async def test_an_unreachable_database_leaves_the_spill_for_the_next_round(
+    db: Database, spill: SpillFile
+) -> None:
+    await spill_turn(spill, "r1", "first", "one")
+    away = Database(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nowhere")
+    try:
+        assert await replayer(spill, away).replay() == {}
+    finally:
+        await away.dispose()
+    assert spill.size() > 0
+    await spill_turn(spill, "r2", "second", "two")  # (in a new file, beside the kept one)
+    assert await replayer(spill, db).replay() == {"replayed": 1}  # the kept file's
+    assert await replayer(spill, db).replay() == {"replayed": 1}  # then the new one
+    assert [m[1] for m in await messages(db)] == ["first", "one", "second", "two"]
+    assert spill.size() == 0
+
+
+async def test_what_cannot_be_replayed_is_kept_aside_and_the_rest_goes_in(
+    db: Database, spill: SpillFile
+) -> None:
+    entry = spilled_turn(
+        request_id="r0",
+        tenant_id="gone-tenant",
+        user_id="alice",
+        started_at=datetime.now(UTC),
+        mode="full",
+        model="m",
+        conversation_id=None,
+        idempotency_key=None,
+        messages=[user("orphan")],
+        upstream="main",
+        stream=False,
+    )
+    await spill.add(entry, bounded=True)
+    await spill_turn(spill, "r1", "first", "one")
+    assert await replayer(spill, db).replay() == {"failed": 1, "replayed": 1}
+    assert b"orphan" in spill.failed.read_bytes()
+    assert spill.size() == 0

@@ -1,0 +1,117 @@
+"""The spill file: bounded for new turns, never for outcomes; a replay round takes what is
+there while new entries go to a fresh file; a torn last line (a crash mid-write) is set aside;
+an erasure scrubs a user's lines from both files."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from proxy.replay import grouped
+from proxy.spill import Spilled, SpillFile, SpillFull
+
+AT = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+
+
+def entry(request_id: str, kind: str = "turn", user: str = "alice", size: int = 10) -> Spilled:
+    return Spilled(kind, "t1", user, request_id, AT, {"text": "x" * size})  # type: ignore[arg-type]
+
+
+async def test_entries_come_back_as_written_in_order(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    written = [entry("r1"), entry("r1", "outcome"), entry("r2", user="bob")]
+    for e in written:
+        await spill.add(e, bounded=e.kind == "turn")
+    batch = await spill.take()
+    assert batch is not None
+    assert batch.entries == written
+    await batch.close(done=True)
+    assert spill.size() == 0 and await spill.take() is None
+
+
+async def test_a_new_turn_that_would_not_fit_is_refused_but_outcomes_always_go_in(
+    tmp_path: Path,
+) -> None:
+    one = len(entry("r1").line())
+    spill = SpillFile(tmp_path / "spill.jsonl", one * 2)
+    await spill.add(entry("r1"), bounded=True)
+    await spill.add(entry("r2"), bounded=True)
+    with pytest.raises(SpillFull):
+        await spill.add(entry("r3"), bounded=True)
+    await spill.add(entry("r1", "outcome"), bounded=False)  # its request was answered
+    assert spill.size() == one * 2 + len(entry("r1", "outcome").line())
+
+
+async def test_the_file_being_replayed_counts_toward_the_bound(tmp_path: Path) -> None:
+    one = len(entry("r1").line())
+    spill = SpillFile(tmp_path / "spill.jsonl", one)
+    await spill.add(entry("r1"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None
+    with pytest.raises(SpillFull):
+        await spill.add(entry("r2"), bounded=True)
+    await batch.close(done=True)
+    await spill.add(entry("r2"), bounded=True)
+
+
+async def test_entries_added_during_a_round_wait_for_the_next_and_a_failed_round_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None
+    assert await spill.take() is None  # one round at a time
+    await spill.add(entry("r2"), bounded=True)
+    assert [e.request_id for e in batch.entries] == ["r1"]
+    await batch.close(done=False)  # (the database went away)
+    again = await spill.take()
+    assert again is not None and [e.request_id for e in again.entries] == ["r1"]
+    await again.close(done=True)
+    last = await spill.take()
+    assert last is not None and [e.request_id for e in last.entries] == ["r2"]
+    await last.close(done=True)
+
+
+async def test_a_torn_last_line_and_a_garbled_line_are_set_aside(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    with spill.path.open("ab") as out:
+        out.write(b'{"kind": "nonsense"}\n')
+    await spill.add(entry("r2"), bounded=True)
+    with spill.path.open("ab") as out:
+        out.write(entry("r3").line()[:25])  # the process died mid-write
+    batch = await spill.take()
+    assert batch is not None
+    assert [e.request_id for e in batch.entries] == ["r1", "r2"]
+    aside = spill.failed.read_bytes().splitlines()
+    assert aside == [b'{"kind": "nonsense"}', entry("r3").line()[:25]]
+
+
+async def test_forget_scrubs_a_user_from_the_file_and_the_one_being_replayed(
+    tmp_path: Path,
+) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    await spill.add(entry("r2", user="bob"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None
+    await batch.close(done=False)  # left for the next round
+    await spill.add(entry("r3"), bounded=True)
+    await spill.add(entry("r3", "outcome"), bounded=False)
+    assert await spill.forget("t1", "alice") == 3
+    kept = await spill.take()
+    assert kept is not None and [e.request_id for e in kept.entries] == ["r2"]
+    await kept.close(done=True)
+    assert await spill.take() is None  # (the new file held alice's only)
+
+
+def test_entries_group_by_request_in_first_appearance_order() -> None:
+    entries = [entry("r2"), entry("r1"), entry("r2", "outcome"), entry("r3", "record")]
+    requests = grouped(entries)
+    assert [r.first.request_id for r in requests] == ["r2", "r1", "r3"]
+    assert requests[0].turn == entries[0] and requests[0].outcome == entries[2]
+    assert requests[1].outcome is None
+    assert requests[2].record == entries[3] and requests[2].turn is None
