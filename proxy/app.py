@@ -84,6 +84,8 @@ def create_app(config: Config) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        if config.server.log_content:
+            log.warning("log_content_on", detail="message content is logged (server.log_content)")
         # Load the tokenizers and the model map now, not on the first request.
         await asyncio.to_thread(warm_up_tokenizers)
         catalog = await asyncio.to_thread(ModelCatalog.load)

@@ -762,6 +762,16 @@ class ChatExchange:
             self.flight.end()
         tenant = self.principal.tenant_id
         self.services.metrics.observe_chat(tenant, self.model_label, outcome)
+        if self.services.config.server.log_content:  # debugging only: off by default
+            log.info(
+                "chat_content",
+                request_id=self.request_id,
+                tenant=tenant,
+                user=self.ext.user_id,
+                sent=self.sent_messages,
+                reply=outcome.reply,
+                status=outcome.status,
+            )
         if outcome.bill is not None:
             # The upstream call only: the proxy's own calls are counted as they are charged.
             usage = outcome.bill.usage

@@ -34,7 +34,7 @@ class Replica:
         return self.log.read_text(errors="replace")[-3000:]
 
 
-def spawn(name: str, config: Path, workdir: Path) -> Replica:
+def spawn(name: str, config: Path, workdir: Path, *, log_level: str = "warning") -> Replica:
     """`memproxy serve` of this checkout in a process of its own."""
     port = free_port()
     log = workdir / f"{name}.log"
@@ -43,7 +43,7 @@ def spawn(name: str, config: Path, workdir: Path) -> Replica:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     command = [sys.executable, "-m", "proxy.cli", "serve", f"--config={config}", f"--port={port}"]
-    command += ["--log-level=warning", "--log-format=console"]
+    command += [f"--log-level={log_level}", "--log-format=console"]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=env

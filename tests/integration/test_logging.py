@@ -1,0 +1,72 @@
+"""What a running server writes to its log: never message content unless `server.log_content`
+says so, and never an API key (the tenant's or the upstream's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.server import ServerThread
+from tests.processes import spawn, stop, wait_ready
+
+KEY = "sk-tenant-key-0123456789"
+UPSTREAM_KEY = "sk-upstream-key-9876543210"
+SECRET = "my bank PIN is 4921-XYZZY"
+
+
+@pytest.mark.parametrize("log_content", [False, True])
+def test_content_is_logged_only_when_asked_and_keys_never(
+    log_content: bool, tmp_path: Path
+) -> None:
+    fake = FakeOpenAI()
+    with ServerThread(fake) as upstream:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "server": {"log_content": log_content},
+                    "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"},
+                    "upstreams": {
+                        "main": {
+                            "kind": "openai",
+                            "base_url": upstream.url + "/v1",
+                            "api_key": UPSTREAM_KEY,
+                        }
+                    },
+                    "tenants": {"t1": {"api_keys": [KEY], "upstream": "main"}},
+                }
+            )
+        )
+        replica = spawn("logged", config, tmp_path, log_level="info")
+        try:
+            wait_ready(replica)
+            headers = {"authorization": f"Bearer {KEY}", "x-memory-user-id": "u1"}
+            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": SECRET}]}
+            for stream in (False, True):
+                answer = httpx.post(
+                    replica.url + "/chat/completions",
+                    json={**body, "stream": stream},
+                    headers=headers,
+                    timeout=30,
+                )
+                assert answer.status_code == 200
+            refused = httpx.post(
+                replica.url + "/chat/completions",
+                json=body,
+                headers={"authorization": "Bearer sk-wrong-key-5555"},
+                timeout=30,
+            )
+            assert refused.status_code == 401
+        finally:
+            stop(replica)
+    assert len(fake.chat_requests) == 2
+    log = replica.log.read_text(errors="replace")
+    assert "request_id" in log  # (the access lines are there)
+    assert (SECRET in log) is log_content
+    assert ("fake reply to: " + SECRET in log) is log_content
+    for key in (KEY, UPSTREAM_KEY, "sk-wrong-key-5555"):
+        assert key not in log
