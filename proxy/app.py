@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import structlog
 from litestar import Litestar
@@ -15,40 +16,32 @@ from litestar.openapi import OpenAPIConfig
 
 from policies.extraction import JOB_KIND as EXTRACTION
 from policies.jobs import RetryPolicy
-from policies.pricing import Price, PriceBook
 from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.access import access_hook
-from proxy.artifacts import Artifacts
-from proxy.auth import KeyRing
 from proxy.catalog import ModelCatalog
 from proxy.charges import MemoryCharges
 from proxy.config import Config
 from proxy.costs import COST_HEADERS, Pricer
 from proxy.deps import provide_principal, provide_services
-from proxy.embedding_jobs import MessageEmbedder
-from proxy.embeddings import Embeddings, check_embeddings
+from proxy.embeddings import check_embeddings
 from proxy.errors import EXCEPTION_HANDLERS
 from proxy.exchange_batch import DeferredExchanges
-from proxy.extraction import MemoryExtractor
-from proxy.intent import IntentClassifiers
 from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
 from proxy.maintenance import Maintenance
 from proxy.memory import ANONYMOUS, ConversationMemory
 from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
+from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.replay import SpillReplayer, Wanted
 from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.spill import SpillFile
-from proxy.state import AppState, build_upstream, new_http_client
-from proxy.summaries import HistorySummarizer
-from proxy.upstream.litellm import LiteLLMUpstream
-from proxy.vector_index import VectorIndex
+from proxy.state import AppState, new_http_client
 from storage import migrate
 from storage.database import Database
 
@@ -68,17 +61,15 @@ EXPOSED_HEADERS = [
 ]
 
 
-def price_book(config: Config, catalog: ModelCatalog) -> PriceBook:
-    """config.yaml's `pricing:` over litellm's model map."""
-    overrides = {
-        model: Price.per_million(p.input_per_mtok, p.output_per_mtok, p.cached_input_per_mtok)
-        for model, p in config.pricing.items()
-    }
-    return PriceBook(overrides, catalog.info)
+def _register_jobs(jobs: JobRunner, parts: Configured) -> None:
+    jobs.register(EXTRACTION, parts.extractor)
+    jobs.register(EMBED, parts.embedder)
+    jobs.register(SUMMARIZE, parts.summarizer)
 
 
-def create_app(config: Config) -> Litestar:
-    """A ready-to-serve app for `config`; its resources live from startup to shutdown."""
+def create_app(config: Config, *, config_path: str | Path | None = None) -> Litestar:
+    """A ready-to-serve app for `config`; its resources live from startup to shutdown. With
+    `config_path`, SIGHUP reloads that file's tenants, keys, upstreams and pricing."""
     prepare_offline_environment()
     check_embeddings(config)  # a missing optional package fails now, naming the key
 
@@ -99,10 +90,6 @@ def create_app(config: Config) -> Litestar:
             await limits.start()  # knows today's spend before the first request
             pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
             async with new_http_client() as http:
-                upstreams = {
-                    name: build_upstream(name, upstream, http)
-                    for name, upstream in config.upstreams.items()
-                }
                 jobs = JobRunner(
                     db,
                     metrics,
@@ -112,18 +99,10 @@ def create_app(config: Config) -> Litestar:
                     retry=RetryPolicy(server.job_max_attempts, server.job_retry_seconds),
                 )
                 charges = MemoryCharges(db, pricer, limits, metrics)
-                extractor = MemoryExtractor(config, upstreams, db, charges, metrics)
-                jobs.register(EXTRACTION, extractor)
-                embeddings = Embeddings(config, upstreams, metrics)
-                jobs.register(EMBED, MessageEmbedder(embeddings, db, metrics))
-                jobs.register(SUMMARIZE, HistorySummarizer(config, upstreams, db, charges, metrics))
-                vectors = None
-                if embeddings.settings:
-                    vectors = VectorIndex(max_bytes=server.embedding_cache_mb * 2**20)
-                    await embeddings.warm_up()
+                parts = await configure(config, db=db, http=http, charges=charges, metrics=metrics)
                 state = AppState(
                     config=config,
-                    keys=KeyRing(config),
+                    keys=parts.keys,
                     http=http,
                     db=db,
                     memory=ConversationMemory(db, timeout=server.storage_timeout_ms / 1000),
@@ -133,15 +112,16 @@ def create_app(config: Config) -> Litestar:
                     metrics=metrics,
                     limits=limits,
                     charges=charges,
-                    intents=IntentClassifiers(config, upstreams, metrics),
+                    intents=parts.intents,
                     jobs=jobs,
-                    artifacts=Artifacts(config, upstreams, db, pricer, metrics),
-                    extractor=extractor,
-                    embeddings=embeddings,
-                    vectors=vectors,
+                    artifacts=parts.artifacts,
+                    extractor=parts.extractor,
+                    embeddings=parts.embeddings,
+                    vectors=parts.vectors,
                     spill=spill,
-                    upstreams=upstreams,
+                    upstreams=parts.upstreams,
                 )
+                _register_jobs(jobs, parts)
                 replayer = SpillReplayer(
                     spill,
                     state.memory,
@@ -149,26 +129,57 @@ def create_app(config: Config) -> Litestar:
                     metrics,
                     intent_of=lambda tenant: partial(state.intents.keyword, tenant),
                     wanted=lambda tenant, user, mode: Wanted(
-                        extract=extractor.wanted(tenant, user, mode),
-                        embed=embeddings.wanted(tenant, user, mode, ANONYMOUS),
+                        extract=state.extractor.wanted(tenant, user, mode),
+                        embed=state.embeddings.wanted(tenant, user, mode, ANONYMOUS),
                     ),
                     wake_jobs=jobs.wake,
                     interval=server.spill_replay_seconds,
                 )
+                current = parts
+
+                async def apply(new: Configured) -> None:
+                    """A reloaded config's parts, swapped in at once (no await before the
+                    last assignment): each request sees the old parts or the new ones."""
+                    nonlocal current
+                    current = new
+                    state.config, state.keys, state.upstreams = new.config, new.keys, new.upstreams
+                    state.intents, state.artifacts = new.intents, new.artifacts
+                    state.extractor, state.embeddings = new.extractor, new.embeddings
+                    state.vectors = new.vectors
+                    pricer.prices = price_book(new.config, catalog)
+                    _register_jobs(jobs, new)
+                    maintenance.config = replayer.config = new.config
+                    await limits.reconfigure(new.config)
+
+                reloader = None
+                if config_path is not None:
+                    reloader = ConfigReloader(
+                        config_path,
+                        lambda: current,
+                        lambda loaded: configure(
+                            loaded,
+                            db=db,
+                            http=http,
+                            charges=charges,
+                            metrics=metrics,
+                            before=current,
+                        ),
+                        apply,
+                    )
+                    if not reloader.install():
+                        log.info("config_reload_unavailable", reason="not the main thread")
                 # What the spill holds goes in before the start-up sweep, which would close
                 # the exchanges its outcomes complete.
                 await replayer.replay()
                 await maintenance.start()  # the start-up sweep first, then every interval
-                for upstream in state.upstreams.values():
-                    inner = getattr(upstream, "inner", upstream)  # (under its retries)
-                    if isinstance(inner, LiteLLMUpstream):
-                        await inner.load()  # seconds: now rather than on a first request
                 app.state.memproxy = state
                 await jobs.start()
                 await replayer.start()
                 try:
                     yield
                 finally:
+                    if reloader is not None:
+                        reloader.uninstall()
                     await replayer.stop()
                     await jobs.stop()
                     await state.drain()

@@ -12,8 +12,11 @@ from proxy.config import Config, ConfigError, load_config
 DEFAULT_CONFIG = "config.yaml"
 
 
-def _load(path: str | None) -> Config:
-    path = path or os.environ.get("MEMPROXY_CONFIG") or DEFAULT_CONFIG
+def _path(given: str | None) -> str:
+    return given or os.environ.get("MEMPROXY_CONFIG") or DEFAULT_CONFIG
+
+
+def _load(path: str) -> Config:
     from proxy.embeddings import check_embeddings  # (imports the app's modules: only here)
 
     try:
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     migrate.add_argument("--config")
     args = parser.parse_args(argv)
 
-    config = _load(args.config)
+    path = _path(args.config)
+    config = _load(path)
     if args.command == "check-config":
         print(f"ok: {len(config.tenants)} tenants, upstreams: {', '.join(config.upstreams)}")
         return
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     configure_logging(args.log_level, args.log_format)
     uvicorn.run(
-        create_app(config),
+        create_app(config, config_path=path),  # SIGHUP reloads it
         host=args.host,
         port=args.port,
         access_log=False,  # memproxy writes its own structured access line

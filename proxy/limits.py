@@ -123,13 +123,7 @@ class LimitKeeper:
         self.config = config
         self.interval = interval
         self._clock = clock
-        self._rules: dict[str, Limits] = {}
-        self._needed: dict[str, tuple[WindowKind, ...]] = {}
-        for name, tenant in config.tenants.items():
-            kinds = windows_needed(tenant.limits)
-            if kinds:
-                self._rules[name] = tenant.limits
-                self._needed[name] = tuple(sorted(kinds))
+        self._rules, self._needed = _rules_of(config)
         self._tallies = {name: _Tally() for name in self._rules}
         self._windows = windows_at(clock())
         self._stopping = asyncio.Event()
@@ -146,6 +140,18 @@ class LimitKeeper:
             log.warning("limits_start_without_shared_counts")
         self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name="memproxy-limits-sync")
+
+    async def reconfigure(self, config: Config) -> None:
+        """The limits of a reloaded config: what was counted is kept; a tenant with limits for
+        the first time is counted from now on, over the shared totals of its windows."""
+        self.config = config
+        self._rules, self._needed = _rules_of(config)
+        for name in self._rules:
+            self._tallies.setdefault(name, _Tally())
+        if self._task is None:
+            await self.start()
+        else:
+            await self.sync()
 
     async def stop(self) -> None:
         """Stop reconciling and write what is still only counted locally."""
@@ -280,6 +286,18 @@ class LimitKeeper:
         if not windows.minute_ends - 60.0 <= now < windows.minute_ends:
             windows = self._windows = windows_at(now)
         return windows, now
+
+
+def _rules_of(config: Config) -> tuple[dict[str, Limits], dict[str, tuple[WindowKind, ...]]]:
+    """The tenants with limits: their limits, and the windows those are counted in."""
+    rules: dict[str, Limits] = {}
+    needed: dict[str, tuple[WindowKind, ...]] = {}
+    for name, tenant in config.tenants.items():
+        kinds = windows_needed(tenant.limits)
+        if kinds:
+            rules[name] = tenant.limits
+            needed[name] = tuple(sorted(kinds))
+    return rules, needed
 
 
 def _rate_limited(denial: Denial) -> RateLimited:
