@@ -391,6 +391,7 @@ async def test_erasing_a_user_removes_everything_of_that_user_only(
             "jobs": 0,
             "summaries": 0,
             "vectors": 0,
+            "spilled": 0,
         },
     }
     assert await listed(api, "alice") == []
