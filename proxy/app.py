@@ -168,9 +168,8 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
                     )
                     if not reloader.install():
                         log.info("config_reload_unavailable", reason="not the main thread")
-                # What the spill holds goes in before the start-up sweep, which would close
-                # the exchanges its outcomes complete.
-                await replayer.replay()
+                state.replayer = replayer
+                await spill.load()  # whose turns a previous run left in it
                 await maintenance.start()  # the start-up sweep first, then every interval
                 app.state.memproxy = state
                 await jobs.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from dataclasses import dataclass, replace
@@ -43,7 +44,7 @@ from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_complet
 from proxy.state import AppState
 from proxy.summaries import summarize_history
 from proxy.vector_index import SemanticQuery
-from storage.errors import StorageError, StorageTimeout
+from storage.errors import StorageError, StorageTimeout, StorageUnavailable
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.memories import Memories
@@ -382,6 +383,7 @@ class ChatExchange:
             except StorageError:  # unchecked ids are not used; begin() degrades or refuses
                 self.inline = [i for i in self.inline if i.attachment_id is None]
         try:
+            await self._after_spilled_turns()
             self.turn = await self.services.memory.begin(
                 intent_of=partial(self.services.intents.keyword, self.principal.tenant_id),
                 request_id=self.request_id,
@@ -481,6 +483,21 @@ class ChatExchange:
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
 
+    async def _after_spilled_turns(self) -> None:
+        """Earlier turns of this user waiting in the spill go into the database first (or
+        this one waits in the spill after them), so they keep their order and conversation."""
+        services, tenant_id, user_id = self.services, self.principal.tenant_id, self.ext.user_id
+        replayer = services.replayer
+        if replayer is None or self.ext.mode == "off":
+            return
+        if not services.spill.holds(tenant_id, user_id):
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(services.memory.timeout):
+                if await replayer.catch_up(tenant_id, user_id):
+                    return
+        raise StorageUnavailable("earlier turns of this user still wait in the spill")
+
     async def _degrade(self, error: StorageError) -> None:
         """Storage failed (or was too slow for) the turn: answer without memory and keep the
         turn in the spill, to be stored when the database is back; or refuse with 503 when
@@ -511,10 +528,11 @@ class ChatExchange:
             log.error(
                 "memory_spill_refused", request_id=self.request_id, reason=reason, error=str(exc)
             )
+            why = "its spill is full" if isinstance(exc, SpillFull) else "its spill failed"
             raise ServiceUnavailable(
                 "Memory storage is unavailable and the proxy cannot keep the turn until it is "
-                "back (its spill is full). Try again later.",
-                code="memory_spill_full",
+                f"back ({why}). Try again later.",
+                code="memory_spill_full" if isinstance(exc, SpillFull) else "memory_unavailable",
                 headers={"retry-after": "5"},
             ) from error
         self.spilled = True

@@ -125,6 +125,7 @@ class LimitKeeper:
         self._clock = clock
         self._rules, self._needed = _rules_of(config)
         self._tallies = {name: _Tally() for name in self._rules}
+        self._syncing = asyncio.Lock()
         self._windows = windows_at(clock())
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -210,8 +211,13 @@ class LimitKeeper:
 
     async def sync(self) -> bool:
         """Write this replica's new counts and read back the shared totals; False (logged, the
-        counts kept for the next try) if the database failed. Never raises."""
-        if not self._rules:
+        counts kept for the next try) if the database failed. Never raises. One at a time
+        (a reload's and the periodic one)."""
+        async with self._syncing:
+            return await self._sync()
+
+    async def _sync(self) -> bool:
+        if not self._tallies:  # (a tenant whose limits a reload removed: its last counts)
             return True
         windows, now = self._now()
         batch: dict[str, dict[str, WindowCount]] = {}

@@ -534,9 +534,12 @@ def finish_in(
     fields: dict[str, Any],
     count: TokenCounter,
     conn: Connection,
+    *,
+    replied_at: datetime | None = None,
 ) -> None:
     """`finish()`'s work inside the caller's transaction (also the spill's replay): `status`
-    and `reply` are the outcome's, `fields` the exchange record's columns for it."""
+    and `reply` are the outcome's, `fields` the exchange record's columns for it;
+    `replied_at` dates the reply (default: now)."""
     conv = turn.conversation
     stored = None
     if turn.store_reply and conv is not None and reply is not None:
@@ -553,6 +556,7 @@ def finish_in(
                 chain_hash=chain_next(at.chain_hash, reply) if in_chain else None,
                 status=as_status,
                 exchange_id=turn.request_id,
+                created_at=replied_at,
             )
             conversations.append(at, turn.user_id, [message], now=now())
             nonlocal stored

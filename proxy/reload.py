@@ -144,8 +144,11 @@ class ConfigReloader:
         return True
 
     def uninstall(self) -> None:
+        """At shutdown: a SIGHUP now is ignored (its default would end the process and cut
+        the streams being drained)."""
         with contextlib.suppress(RuntimeError, ValueError, NotImplementedError):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def _on_signal(self) -> None:
         task = asyncio.create_task(self.reload())

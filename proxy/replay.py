@@ -16,6 +16,7 @@ reason and no messages, as the live request would have been refused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,7 +41,7 @@ from proxy.memory import (
 )
 from proxy.metrics import Metrics
 from proxy.spill import Spilled, SpillFile
-from storage.errors import ConflictError, StorageUnavailable
+from storage.errors import ConflictError, StorageError, StorageUnavailable
 from storage.records import ExchangeRecord
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
@@ -50,6 +51,8 @@ from storage.repositories.system import SWEPT
 log = structlog.get_logger("memproxy.spill")
 
 DATE_KEYS = ("started_at", "finished_at")
+# A request the database keeps failing (not unreachable) is set aside after this many rounds.
+MAX_TRIES = 5
 
 
 def _dates_out(values: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +145,13 @@ class _Request:
     outcome: Spilled | None = None
     record: Spilled | None = None
 
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.first.tenant_id, self.first.request_id)
+
+    def entries(self) -> list[Spilled]:
+        return [e for e in (self.turn, self.outcome, self.record) if e is not None]
+
 
 def grouped(entries: list[Spilled]) -> list[_Request]:
     """Entries by request, in the order the requests first appear (so a conversation's turns
@@ -176,6 +186,8 @@ class SpillReplayer:
         self.intent_of, self.wanted, self.wake_jobs = intent_of, wanted, wake_jobs
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
+        self._round = asyncio.Lock()
+        self._failures: dict[tuple[str, str], int] = {}
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -186,37 +198,68 @@ class SpillReplayer:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
+        while True:  # (the first round at once: what a previous run left)
             try:
                 await self.replay()
             except Exception:
                 log.exception("spill_replay_failed")
+            await asyncio.sleep(self.interval)
 
     async def replay(self) -> dict[str, int]:
-        """One round: what became of each request (replayed, duplicate, erased, ...)."""
+        """One round (one at a time): what became of each request (replayed: stored whole;
+        begun: its turn stored, its outcome still to come; duplicate, erased, refused, gone,
+        failed)."""
+        async with self._round:
+            return await self._replay_round()
+
+    async def catch_up(self, tenant_id: str, user_id: str) -> bool:
+        """Before a live turn of a user whose earlier turns wait in the spill: replay them
+        first, so they go in before it, in order, and its conversation is found. False if
+        some still wait (the live turn must then wait in the spill too). A caller that stops
+        waiting does not stop the round."""
+        if self.spill.holds(tenant_id, user_id):
+            await asyncio.shield(self.replay())
+        return not self.spill.holds(tenant_id, user_id)
+
+    async def _replay_round(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         self.metrics.spill_bytes.set(self.spill.size())
+        if not self.spill.size():
+            return counts
+        try:
+            await self.db.ping()  # (rather than read the whole file while it is away)
+        except StorageError:
+            return counts
         batch = await self.spill.take()
         if batch is None:
             return counts
-        done = False
+        requests = grouped(batch.entries)
+        left: list[Spilled] = []
         try:
-            for request in grouped(batch.entries):
+            for n, request in enumerate(requests):
                 try:
                     result = await self._replay(request)
-                except StorageUnavailable as exc:
-                    log.warning("spill_replay_paused", error=str(exc))
-                    return counts
-                except Exception as exc:
-                    entries = [e for e in (request.turn, request.outcome, request.record) if e]
-                    await self.spill.dead_letter(entries, repr(exc))
+                except StorageError as exc:
+                    # The database went again, or failed this request for now: the rest
+                    # waits for the next round (a request failing again and again goes aside).
+                    tries = self._failures[request.key] = self._failures.get(request.key, 0) + 1
+                    if isinstance(exc, StorageUnavailable) or tries < MAX_TRIES:
+                        log.warning("spill_replay_paused", error=str(exc), tries=tries)
+                        left = [e for r in requests[n:] for e in r.entries()]
+                        break
+                    await self.spill.dead_letter(request.entries(), repr(exc))
                     result = "failed"
+                except Exception as exc:
+                    await self.spill.dead_letter(request.entries(), repr(exc))
+                    result = "failed"
+                self._failures.pop(request.key, None)
                 counts[result] = counts.get(result, 0) + 1
                 self.metrics.spill_replayed.labels(result).inc()
-            done = True
+        except BaseException:
+            left = batch.entries  # (cancelled: all of it again, replaying is idempotent)
+            raise
         finally:
-            await batch.close(done=done)
+            await batch.close(left=left)
             self.metrics.spill_bytes.set(self.spill.size())
             if counts:
                 log.info("spill_replayed", **counts)
@@ -229,7 +272,11 @@ class SpillReplayer:
         if tenant is None:
             raise ValueError(f"tenant {head.tenant_id!r} is no longer configured")
         model = str((request.turn or head).data.get("model", ""))
-        texts = list(request.turn.data["messages"]) if request.turn else []
+        texts = []
+        if request.turn is not None:
+            for message in request.turn.data["messages"]:  # dated when sent, not today
+                message.setdefault("created_at", request.turn.at.isoformat())
+            texts = list(request.turn.data["messages"])
         if request.outcome and request.outcome.data.get("reply"):
             texts.append(request.outcome.data["reply"])
         count = await TokenCounter(model).prepare(texts)
@@ -261,14 +308,18 @@ class SpillReplayer:
             turn = self._begin(conn, request.turn, tenant, count)
             if turn is None:
                 return "refused"
-        elif found.status == "in_progress" or found.error == SWEPT:
+        elif request.outcome is not None and (
+            found.status == "in_progress" or found.error == SWEPT
+        ):
             turn = self._resumed(conn, found, request.outcome)
         else:
             return "duplicate"
-        if request.outcome is not None:
-            data = request.outcome.data
-            fields = _dates_in(data["fields"])
-            finish_in(turn, data["status"], data.get("reply"), fields, count, conn)
+        if request.outcome is None:
+            return "begun"
+        data = request.outcome.data
+        fields = _dates_in(data["fields"])
+        reply, at = data.get("reply"), fields.get("finished_at")
+        finish_in(turn, data["status"], reply, fields, count, conn, replied_at=at)
         return "replayed"
 
     def _begin(
@@ -321,12 +372,25 @@ class SpillReplayer:
     def _resumed(self, conn: Connection, found: ExchangeRecord, outcome: Spilled | None) -> Turn:
         """The turn of an exchange begun in the database (its `begin()` landed, or its
         `finish()` failed), as `finish_in` needs it."""
-        conv = None
+        conversations = Conversations(conn)
+        conv, last = None, None
         if found.conversation_id is not None:
-            conv = Conversations(conn).get(found.tenant_id, found.conversation_id, for_update=True)
+            conv = conversations.get(found.tenant_id, found.conversation_id, for_update=True)
+        if conv is not None:
+            last = conversations.first_seq_of_exchange(
+                found.tenant_id, conv.pk, found.request_id, last=True
+            )
+            if last is not None and last + 1 != conv.next_seq:
+                # Turns were stored after this one meanwhile: the conversation as this turn
+                # left it, so the reply is placed as a late live reply is (`finish_in`: kept
+                # beside an answer already there, else after them).
+                conv = dataclasses.replace(conv, next_seq=last + 1)
         mode = cast(Mode, found.mode)
         turn = Turn(found.request_id, found.tenant_id, found.user_id, mode, found.model, conv)
         flags = (outcome.data.get("turn") if outcome else None) or {}
-        turn.store_reply = conv is not None and bool(flags.get("store_reply", mode == "full"))
+        # Without the live turn's word, a reply is stored where the turn stored messages of
+        # its own (not for the retry of an answered turn, which stored none).
+        store = flags.get("store_reply", mode == "full" and last is not None)
+        turn.store_reply = conv is not None and bool(store)
         self._flag(turn, flags)
         return turn

@@ -94,17 +94,37 @@ class SpillFile:
         self.failed = self.path.with_name(self.path.name + ".failed")
         self._lock = self.path.with_name(self.path.name + ".lock")
         self._replay_lock = self.path.with_name(self.path.name + ".replay.lock")
+        # (tenant, user) -> the number of the last entry this process added for them.
+        self._users: dict[tuple[str, str], int] = {}
+        self._added = 0
 
     async def add(self, entry: Spilled, *, bounded: bool) -> None:
         """Append and fsync `entry`. `bounded` (a new turn): SpillFull when it would not fit."""
-        await asyncio.to_thread(self._add, entry.line(), bounded)
+        await asyncio.to_thread(self._add, entry, bounded)
+        self._added += 1
+        self._users[(entry.tenant_id, entry.user_id)] = self._added
 
-    def _add(self, line: bytes, bounded: bool) -> None:
+    def _add(self, entry: Spilled, bounded: bool) -> None:
+        line = entry.line()
         with _locked(self._lock):
             if bounded and self._size() + len(line) > self.max_bytes:
                 raise SpillFull(f"the spill holds {self._size()} of {self.max_bytes} bytes")
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not _ends_a_line(self.path):  # an append cut short (a crash, a full disk)
+                line = b"\n" + line  # ends that fragment, which is then set aside alone
             _append(self.path, line)
+
+    def holds(self, tenant_id: str, user_id: str) -> bool:
+        """Whether entries of this user, written by this process (or found at start-up),
+        wait for the database."""
+        return (tenant_id, user_id) in self._users
+
+    async def load(self) -> None:
+        """At start-up: note whose entries the files hold (see `holds`)."""
+        for path in (self.replaying, self.path):
+            if path.exists():
+                for entry in await asyncio.to_thread(self._read, path, set_aside=False):
+                    self._users[(entry.tenant_id, entry.user_id)] = self._added
 
     def size(self) -> int:
         """Bytes waiting, in the file and in the one being replayed."""
@@ -116,8 +136,18 @@ class SpillFile:
     async def take(self) -> SpillRound | None:
         """The entries waiting, for one replay; None when there are none or another replay
         (another replica on this host) is running. New entries go to a fresh file meanwhile;
-        a round that did not finish leaves its file for the next one."""
-        return await asyncio.to_thread(self._take)
+        a round that did not finish leaves what it did not get to for the next one."""
+        added = self._added
+        batch = await asyncio.to_thread(self._take)
+        if batch is not None:
+            batch.added = added
+        return batch
+
+    def _settled(self, entries: list[Spilled], added: int) -> None:
+        """A round stored `entries`: their users hold nothing more unless added since."""
+        for key in {(e.tenant_id, e.user_id) for e in entries}:
+            if self._users.get(key, 0) <= added:
+                self._users.pop(key, None)
 
     def _waiting(self) -> bool:
         return self.path.exists() or self.replaying.exists()
@@ -143,10 +173,11 @@ class SpillFile:
             return None
         return SpillRound(self, entries, holder)
 
-    def _read(self, path: Path) -> list[Spilled]:
-        entries = []
-        raw = path.read_bytes()
-        lines = raw.split(b"\n")
+    def _read(self, path: Path, *, set_aside: bool = True) -> list[Spilled]:
+        """The entries in `path`; lines that are not entries go to `.failed` (and out of
+        `path`, so the next round does not set them aside again)."""
+        entries, bad = [], []
+        lines = path.read_bytes().split(b"\n")
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -157,7 +188,10 @@ class SpillFile:
                     log.warning("spill_torn_line", path=str(path), bytes=len(line))
                 else:
                     log.error("spill_unreadable_line", path=str(path), line=number, error=str(exc))
-                _append(self.failed, line + b"\n")
+                bad.append(line + b"\n")
+        if bad and set_aside:
+            _append(self.failed, b"".join(bad))
+            _rewrite(path, b"".join(e.line() for e in entries))
         return entries
 
     async def dead_letter(self, entries: list[Spilled], reason: str) -> None:
@@ -172,23 +206,19 @@ class SpillFile:
 
     def _forget(self, tenant_id: str, user_id: str) -> int:
         removed = 0
-        if not self._waiting():  # (one written after this check is dropped at its replay)
-            return removed
+        if not (self._waiting() or self.failed.exists()):
+            return removed  # (one written after this check is dropped at its replay)
         with _locked(self._replay_lock), _locked(self._lock):
-            for path in (self.path, self.replaying):
+            for path in (self.path, self.replaying, self.failed):
                 if not path.exists():
                     continue
                 lines = path.read_bytes().splitlines(keepends=True)
                 kept = [line for line in lines if not _of(line, tenant_id, user_id)]
                 if len(kept) == len(lines):
                     continue
-                removed += len(lines) - len(kept)
-                scratch = path.with_name(path.name + ".scrub")
-                with open(scratch, "wb") as out:
-                    out.write(b"".join(kept))
-                    out.flush()
-                    os.fsync(out.fileno())
-                scratch.replace(path)
+                if path != self.failed:
+                    removed += len(lines) - len(kept)
+                _rewrite(path, b"".join(kept))
         return removed
 
 
@@ -199,17 +229,24 @@ class SpillRound:
 
     def __init__(self, spill: SpillFile, entries: list[Spilled], holder: int) -> None:
         self.spill, self.entries, self._holder = spill, entries, holder
+        self.added = 0  # the spill's add count when the round began
 
-    async def close(self, *, done: bool) -> None:
+    async def close(self, *, left: list[Spilled]) -> None:
+        """End the round; `left`: the entries it did not get to, kept for the next one."""
+
         def close() -> None:
             try:
-                if done:
+                if left:
+                    _rewrite(self.spill.replaying, b"".join(e.line() for e in left))
+                else:
                     with contextlib.suppress(FileNotFoundError):
                         self.spill.replaying.unlink()
             finally:
                 os.close(self._holder)
 
         await asyncio.to_thread(close)
+        gone = {id(e) for e in left}
+        self.spill._settled([e for e in self.entries if id(e) not in gone], self.added)
 
 
 def _of(line: bytes, tenant_id: str, user_id: str) -> bool:
@@ -225,6 +262,33 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether `path` is empty or missing, or ends with a newline."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return True
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    except FileNotFoundError:
+        return True
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    """Replace `path`'s content whole (a crash leaves the old or the new), mode 0600."""
+    scratch = path.with_name(path.name + ".new")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    scratch.replace(path)
 
 
 def _append(path: Path, data: bytes) -> None:

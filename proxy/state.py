@@ -23,6 +23,7 @@ from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
+from proxy.replay import SpillReplayer
 from proxy.spill import SpillFile
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
@@ -52,6 +53,8 @@ class AppState:
     extractor: MemoryExtractor
     embeddings: Embeddings
     spill: SpillFile
+    # Writes the spill to the database (set once the app has started).
+    replayer: SpillReplayer | None = None
     # Recall's vectors (None while no tenant has embeddings on: numpy is then not needed).
     vectors: VectorIndex | None = None
     upstreams: dict[str, Upstream] = field(default_factory=dict)

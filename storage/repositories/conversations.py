@@ -325,12 +325,12 @@ class Conversations:
         return True
 
     def first_seq_of_exchange(
-        self, tenant_id: str, conversation_pk: int, exchange_id: str
+        self, tenant_id: str, conversation_pk: int, exchange_id: str, *, last: bool = False
     ) -> int | None:
-        """Where the messages an exchange stored begin in a conversation (None: it stored
-        none there)."""
+        """Where the messages an exchange stored begin (`last`: end) in a conversation
+        (None: it stored none there)."""
         found = self.conn.execute(
-            select(func.min(M.c.seq)).where(
+            select(func.max(M.c.seq) if last else func.min(M.c.seq)).where(
                 M.c.tenant_id == tenant_id,
                 M.c.exchange_id == exchange_id,
                 M.c.conversation_pk == conversation_pk,

@@ -142,7 +142,8 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
     fake, upstream_url = fake_upstream
     spill = tmp_path / "spill.jsonl"
     url = own_postgres.url(own_postgres.create_database())
-    base = serve_proxy(config(upstream_url, url, spill))
+    # No periodic replay: the first turn after the outage has to bring the spill in itself.
+    base = serve_proxy(config(upstream_url, url, spill, spill_replay_seconds=3600))
     async with sdk(base) as client, sdk(base, CLOSED) as closed, sdk(base, FRUGAL) as frugal:
         first, headers = await say(client, "turn 1")
         assert headers["x-memory-status"] == "ok"
@@ -174,17 +175,23 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
         assert limited.value.response.json()["error"]["code"] == "insufficient_quota"
 
         own_postgres.resume()
-        await eventually(lambda: has(base, 8, spill))
+        # The user's next turn: their spilled turns go in first, so it finds its whole
+        # conversation, and is stored after them.
+        reply, headers = await say(client, "turn 5")
+        assert headers["x-memory-status"] == "ok"
+        assert headers["x-memory-history-messages"] == "8"
+        replies.append(reply)
 
     expected = []
     for n, reply in enumerate(replies, 1):
         expected += [("user", f"turn {n}", "complete"), ("assistant", reply, "complete")]
     assert await stored(base) == expected
+    assert not await asyncio.to_thread(spill.exists)
     replayed = 'result="replayed"'
     assert metric(base, "memproxy_spill_replayed_requests_total", replayed) == 4  # + frugal's
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
         exchanges = (await http.get(f"{base}/memory/users/u1/export")).json()["exchanges"]
-    assert sorted(e["status"] for e in exchanges) == ["complete"] * 4
+    assert sorted(e["status"] for e in exchanges) == ["complete"] * 5
     assert await ready(base) == 200
 
 

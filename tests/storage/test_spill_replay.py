@@ -132,7 +132,7 @@ async def test_a_turn_whose_outcome_is_not_spilled_yet_waits_in_progress(
     its outcome, in a later round, completes it."""
     at = datetime.now(UTC)
     await spill_turn(spill, "r1", "still streaming", None, at=at)
-    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await replayer(spill, db).replay() == {"begun": 1}
     assert (await exchange(db, "r1")).status == "in_progress"
     outcome = spilled_outcome("t1", "alice", "r1", at, reply("done now"), turn=None)
     await spill.add(outcome, bounded=False)
@@ -236,13 +236,12 @@ async def test_an_unreachable_database_leaves_the_spill_for_the_next_round(
     await spill_turn(spill, "r1", "first", "one")
     away = Database(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nowhere")
     try:
-        assert await replayer(spill, away).replay() == {}
+        assert await replayer(spill, away).replay() == {}  # (it does not even read the file)
     finally:
         await away.dispose()
     assert spill.size() > 0
-    await spill_turn(spill, "r2", "second", "two")  # (in a new file, beside the kept one)
-    assert await replayer(spill, db).replay() == {"replayed": 1}  # the kept file's
-    assert await replayer(spill, db).replay() == {"replayed": 1}  # then the new one
+    await spill_turn(spill, "r2", "second", "two")
+    assert await replayer(spill, db).replay() == {"replayed": 2}
     assert [m[1] for m in await messages(db)] == ["first", "one", "second", "two"]
     assert spill.size() == 0
 
@@ -268,3 +267,62 @@ async def test_what_cannot_be_replayed_is_kept_aside_and_the_rest_goes_in(
     assert await replayer(spill, db).replay() == {"failed": 1, "replayed": 1}
     assert b"orphan" in spill.failed.read_bytes()
     assert spill.size() == 0
+
+
+async def test_replayed_messages_keep_the_dates_they_were_sent_and_answered(
+    db: Database, spill: SpillFile
+) -> None:
+    sent = datetime.now(UTC) - timedelta(days=2)
+    await spill_turn(spill, "r1", "two days ago", None, at=sent)
+    outcome = spilled_outcome("t1", "alice", "r1", sent, reply("indeed"), turn=None)
+    outcome.data["fields"]["finished_at"] = (sent + timedelta(seconds=3)).isoformat()
+    await spill.add(outcome, bounded=False)
+    await replayer(spill, db).replay()
+
+    def dates(conn: Any) -> list[datetime]:
+        conversations = Conversations(conn)
+        conv = conversations.get("t1", "c1")
+        assert conv is not None
+        return [m.created_at for m in conversations.messages("t1", conv.pk)]
+
+    asked, answered = await db.read(dates)
+    assert abs((asked - sent).total_seconds()) < 1
+    assert abs((answered - sent).total_seconds() - 3) < 1  # when the reply had ended
+
+
+async def test_a_late_reply_after_later_turns_is_kept_beside_the_answer_already_there(
+    db: Database, spill: SpillFile
+) -> None:
+    """The reply's write failed and was spilled; the client, which resends its history,
+    went on with the reply it had got before the replay."""
+    memory = ConversationMemory(db)
+    first = await begin(memory, [user("u1")])
+    later = await begin(memory, [user("u1"), assistant("a1"), user("u2")])
+    assert later.conversation_id == first.conversation_id
+    at = datetime.now(UTC)
+    entry = spilled_outcome("t1", "alice", first.request_id, at, reply("a1"), turn=first)
+    await spill.add(entry, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db, first.conversation_id or "") == [
+        ("user", "u1", "complete"),
+        ("assistant", "a1", "complete"),
+        ("user", "u2", "complete"),
+        ("assistant", "a1", "superseded"),  # recorded, outside the chain: not twice in it
+    ]
+
+
+async def test_the_retry_of_an_answered_turn_does_not_store_its_reply_again(
+    db: Database, spill: SpillFile
+) -> None:
+    memory = ConversationMemory(db)
+    first = await begin(memory, [user("u1")], conversation_id="c1", idempotency_key="k1")
+    await memory.finish(first, reply("a1"))
+    # The retry's begin() timed out but landed; it was answered and its outcome spilled.
+    retry = await begin(memory, [user("u1")], conversation_id="c1", idempotency_key="k1")
+    outcome = spilled_outcome(
+        "t1", "alice", retry.request_id, datetime.now(UTC), reply("a1 again"), turn=None
+    )
+    await spill.add(outcome, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db) == [("user", "u1", "complete"), ("assistant", "a1", "complete")]
+    assert (await exchange(db, retry.request_id)).status == "complete"

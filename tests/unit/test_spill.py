@@ -27,7 +27,7 @@ async def test_entries_come_back_as_written_in_order(tmp_path: Path) -> None:
     batch = await spill.take()
     assert batch is not None
     assert batch.entries == written
-    await batch.close(done=True)
+    await batch.close(left=[])
     assert spill.size() == 0 and await spill.take() is None
 
 
@@ -52,7 +52,7 @@ async def test_the_file_being_replayed_counts_toward_the_bound(tmp_path: Path) -
     assert batch is not None
     with pytest.raises(SpillFull):
         await spill.add(entry("r2"), bounded=True)
-    await batch.close(done=True)
+    await batch.close(left=[])
     await spill.add(entry("r2"), bounded=True)
 
 
@@ -66,16 +66,16 @@ async def test_entries_added_during_a_round_wait_for_the_next_and_a_failed_round
     assert await spill.take() is None  # one round at a time
     await spill.add(entry("r2"), bounded=True)
     assert [e.request_id for e in batch.entries] == ["r1"]
-    await batch.close(done=False)  # (the database went away)
+    await batch.close(left=batch.entries)  # (the database went away)
     again = await spill.take()
     assert again is not None and [e.request_id for e in again.entries] == ["r1"]
-    await again.close(done=True)
+    await again.close(left=[])
     last = await spill.take()
     assert last is not None and [e.request_id for e in last.entries] == ["r2"]
-    await last.close(done=True)
+    await last.close(left=[])
 
 
-async def test_a_torn_last_line_and_a_garbled_line_are_set_aside(tmp_path: Path) -> None:
+async def test_a_torn_last_line_and_a_garbled_line_are_set_aside_once(tmp_path: Path) -> None:
     spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
     await spill.add(entry("r1"), bounded=True)
     with spill.path.open("ab") as out:
@@ -86,8 +86,22 @@ async def test_a_torn_last_line_and_a_garbled_line_are_set_aside(tmp_path: Path)
     batch = await spill.take()
     assert batch is not None
     assert [e.request_id for e in batch.entries] == ["r1", "r2"]
-    aside = spill.failed.read_bytes().splitlines()
-    assert aside == [b'{"kind": "nonsense"}', entry("r3").line()[:25]]
+    aside = [b'{"kind": "nonsense"}', entry("r3").line()[:25]]
+    assert spill.failed.read_bytes().splitlines() == aside
+    await batch.close(left=batch.entries)  # the database went away: all of it again
+    again = await spill.take()
+    assert again is not None and [e.request_id for e in again.entries] == ["r1", "r2"]
+    assert spill.failed.read_bytes().splitlines() == aside  # not set aside twice
+
+
+async def test_an_entry_written_after_a_torn_one_is_whole(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    with spill.path.open("ab") as out:
+        out.write(entry("r2").line()[:25])  # an append cut short (a full disk)
+    await spill.add(entry("r3"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None and [e.request_id for e in batch.entries] == ["r1", "r3"]
 
 
 async def test_forget_scrubs_a_user_from_the_file_and_the_one_being_replayed(
@@ -98,14 +112,39 @@ async def test_forget_scrubs_a_user_from_the_file_and_the_one_being_replayed(
     await spill.add(entry("r2", user="bob"), bounded=True)
     batch = await spill.take()
     assert batch is not None
-    await batch.close(done=False)  # left for the next round
+    await batch.close(left=batch.entries)  # left for the next round
     await spill.add(entry("r3"), bounded=True)
     await spill.add(entry("r3", "outcome"), bounded=False)
+    spill.failed.write_bytes(entry("r0").line() + entry("r9", user="bob").line())  # set aside
+    assert spill.holds("t1", "alice") and spill.holds("t1", "bob")
     assert await spill.forget("t1", "alice") == 3
+    assert spill.failed.read_bytes() == entry("r9", user="bob").line()
+    for path in (spill.path, spill.replaying, spill.failed):
+        assert path.stat().st_mode & 0o777 == 0o600
     kept = await spill.take()
     assert kept is not None and [e.request_id for e in kept.entries] == ["r2"]
-    await kept.close(done=True)
+    await kept.close(left=[])
     assert await spill.take() is None  # (the new file held alice's only)
+    assert not spill.holds("t1", "bob")  # (stored by that round)
+
+
+async def test_a_user_is_held_until_a_round_stores_everything_of_theirs(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None
+    await spill.add(entry("r1", "outcome"), bounded=False)  # (during the round)
+    await batch.close(left=[])
+    assert spill.holds("t1", "alice")  # its outcome still waits
+    last = await spill.take()
+    assert last is not None
+    await last.close(left=[])
+    assert not spill.holds("t1", "alice")
+    # A new process finds what a previous one left.
+    await spill.add(entry("r2", user="carol"), bounded=True)
+    fresh = SpillFile(spill.path, 10_000)
+    await fresh.load()
+    assert fresh.holds("t1", "carol") and not fresh.holds("t1", "alice")
 
 
 def test_entries_group_by_request_in_first_appearance_order() -> None:
