@@ -105,6 +105,7 @@ def test_sighup_reloads_keys_tenants_and_limits_without_dropping_a_stream(
             config.write_text("tenants: {t1: {api_keys: [x], context: {token_budget: lots}}}")
             replica.process.send_signal(signal.SIGHUP)
             until(lambda: "config_reload_failed" in replica.log.read_text(errors="replace"))
+            assert (status(replica, NEW), status(replica, OLD)) == (200, 401)  # as it was
             moved = settings(f"sqlite+aiosqlite:///{tmp_path / 'elsewhere.db'}", upstream.url, {})
             moved["tenants"] = {"t1": {"api_keys": [NEW, OLD], "upstream": "main"}}
             config.write_text(yaml.safe_dump(moved))
