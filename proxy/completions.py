@@ -377,8 +377,10 @@ class ChatExchange:
         refs = [i.attachment_id for i in self.inline if i.attachment_id is not None]
         if refs:  # an unknown id is a 400 before anything is stored
             try:
-                await self.services.artifacts.check_refs(
-                    self.principal.tenant_id, self.ext.user_id, refs
+                await self.services.memory.in_time(
+                    self.services.artifacts.check_refs(
+                        self.principal.tenant_id, self.ext.user_id, refs
+                    )
                 )
             except StorageError:  # unchecked ids are not used; begin() degrades or refuses
                 self.inline = [i for i in self.inline if i.attachment_id is None]
@@ -659,24 +661,29 @@ class ChatExchange:
             for m in [*self.sent_messages, *(h.message for h in history)]
         ]
         started = time.perf_counter()
+        semantic = await self._semantic() if search else None
         try:
-            found = await recall(
-                self.services.db,
-                tenant_id=turn.tenant_id,
-                user_id=turn.user_id,
-                text=_last_user_text(self.sent_messages),
-                exclude=in_prompt,
-                budget_tokens=budget,
-                candidates=ctx.recall_candidates
-                or min(MAX_CANDIDATES, max(10, budget // TOKENS_PER_CANDIDATE)),
-                now=now(),
-                conversation_pk=turn.conversation.pk if anonymous and turn.conversation else None,
-                hidden=(turn.conversation.pk, turn.visible_before)
-                if turn.conversation is not None and turn.visible_before is not None
-                else None,
-                memory_share=ctx.memory_share,
-                semantic=await self._semantic() if search else None,
-                excerpts=search,
+            found = await self.services.memory.in_time(
+                recall(
+                    self.services.db,
+                    tenant_id=turn.tenant_id,
+                    user_id=turn.user_id,
+                    text=_last_user_text(self.sent_messages),
+                    exclude=in_prompt,
+                    budget_tokens=budget,
+                    candidates=ctx.recall_candidates
+                    or min(MAX_CANDIDATES, max(10, budget // TOKENS_PER_CANDIDATE)),
+                    now=now(),
+                    conversation_pk=turn.conversation.pk
+                    if anonymous and turn.conversation
+                    else None,
+                    hidden=(turn.conversation.pk, turn.visible_before)
+                    if turn.conversation is not None and turn.visible_before is not None
+                    else None,
+                    memory_share=ctx.memory_share,
+                    semantic=semantic,
+                    excerpts=search,
+                )
             )
         except StorageError as exc:  # recall is an addition: without it the request goes on
             log.warning("recall_failed", request_id=self.request_id, error=str(exc))

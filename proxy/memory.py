@@ -326,7 +326,7 @@ class ConversationMemory:
             _classify(turn, exchange, intent_of, messages)
             return turn
         count = await TokenCounter(model).prepare(messages)
-        return await self._in_time(
+        return await self.in_time(
             self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of)
         )
 
@@ -366,7 +366,7 @@ class ConversationMemory:
                 turn = Turn(turn.request_id, tenant_id, user_id, turn.mode, turn.model)
         raise AssertionError("unreachable")
 
-    async def _in_time(self, work: Coroutine[Any, Any, T]) -> T:
+    async def in_time(self, work: Coroutine[Any, Any, T]) -> T:
         """`work` (waiting for the database), or StorageTimeout after `timeout`. On SQLite
         a write already handed to the writer thread may still land later: the spill's replay
         finds it recorded and does not store it twice."""
@@ -520,7 +520,7 @@ class ConversationMemory:
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
         """Store the reply (whole, partial or none) and close the exchange record."""
         count = await TokenCounter(turn.model).prepare([outcome.reply] if outcome.reply else [])
-        await self._in_time(
+        await self.in_time(
             self.db.write(
                 partial(finish_in, turn, outcome.status, outcome.reply, outcome.fields(), count)
             )

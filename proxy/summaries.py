@@ -107,8 +107,8 @@ async def summarize_history(
     tenant_id, subject = turn.tenant_id, turn.conversation.id
     metrics = services.metrics.summary_cache
     try:
-        found = await services.db.read(
-            lambda conn: Summaries(conn).latest(tenant_id, KIND, subject)
+        found = await services.memory.in_time(
+            services.db.read(lambda conn: Summaries(conn).latest(tenant_id, KIND, subject))
         )
     except StorageError as exc:  # a summary is an addition: without it the request goes on
         log.warning("summary_not_read", request_id=turn.request_id, error=str(exc))
