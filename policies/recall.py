@@ -217,7 +217,8 @@ def rank(
         for t, words in zip(hits, matched, strict=True)
     }
     top = max(worth.values(), default=0.0) or 1.0
-    near_by = {offset: closeness(offset) for offset in range(-WIDE_RADIUS, WIDE_RADIUS + 1)}
+    furthest = max(WIDE_RADIUS, 2)
+    weights = {offset: closeness(offset) for offset in range(-furthest, furthest + 1)}
     parts: dict[int, list[float]] = {}
     for hit in hits:
         seqs = by_conversation[hit.conversation]
@@ -226,8 +227,7 @@ def rank(
         for offset in range(-before, after + 1):
             near = seqs.get(hit.seq + offset)
             if near is not None:
-                weight = near_by.get(offset) or closeness(offset)
-                parts.setdefault(near.pk, []).append(share * weight)
+                parts.setdefault(near.pk, []).append(share * weights[offset])
     excerpts: list[Excerpt] = []
     for seqs in by_conversation.values():
         for turn in seqs.values():
