@@ -15,7 +15,16 @@ from sqlalchemy import Connection
 from policies.context import Recalled
 from policies.fusion import hybrid_scores
 from policies.memories import rank_memories, stem
-from policies.recall import Excerpt, Turn, fit, pack, query_terms, rank
+from policies.recall import (
+    WIDE_RADIUS,
+    Excerpt,
+    Turn,
+    fit,
+    pack,
+    query_terms,
+    rank,
+    wide_hits,
+)
 from policies.tokens import count_text
 from proxy.vector_index import SemanticQuery
 from storage.database import Database
@@ -84,6 +93,7 @@ async def recall(
         return NOTHING
     with_memories = conversation_pk is None  # not for the anonymous user
     near: list[Hit] = []  # vector hits, read in the same snapshot as everything else
+    wide: set[int] = set()  # the hits read with a wide window around them
 
     def work(
         conn: Connection,
@@ -107,7 +117,17 @@ async def recall(
             near[:] = semantic.nearest(
                 conn, tenant_id, user_id, limit=candidates, conversation_pk=conversation_pk
             )
-        found = search.around(tenant_id, user_id, [*hits, *near], max_tokens=budget_tokens)
+        wide.update(wide_hits({h.pk: h.score for h in hits}, budget_tokens))
+        found = search.around(
+            tenant_id,
+            user_id,
+            [*hits, *near],
+            radius=1,
+            further_after=1,
+            max_tokens=budget_tokens,
+            wide=[h for h in hits if h.pk in wide],
+            wide_radius=WIDE_RADIUS,
+        )
         return hits, found, pinned, others
 
     hits, found, pinned, others = await db.read(work)
@@ -118,7 +138,14 @@ async def recall(
     turns = [
         Turn(f.pk, f.conversation_id, f.seq, f.role, f.text, f.tokens, f.created_at) for f in found
     ]
-    ranked = rank(_scores(hits, near, found, semantic), turns, now=now, exclude=exclude)
+    ranked = rank(
+        _scores(hits, near, found, semantic),
+        turns,
+        now=now,
+        terms=terms,
+        exclude=exclude,
+        wide=wide,
+    )
     facts = [m.text for m in pinned]
     used = sum(count_text(f) + MEMORY_LINE_TOKENS for f in facts)
     known: list[MemoryRecord] = []

@@ -170,16 +170,19 @@ class MessageSearch:
         *,
         further_after: int = 1,
         max_tokens: int = 2**31 - 1,
+        wide: Sequence[Hit] = (),
+        wide_radius: int = 0,
     ) -> list[Found]:
         """The hits' messages and their neighbours (`radius` messages either side and
-        `further_after` more after, same conversation: recall may widen a strong hit's window
-        towards the reply), in conversation order; none larger than `max_tokens`."""
-        if not hits:
+        `further_after` more after, same conversation; the `wide` hits' `wide_radius` either
+        side), in conversation order; none larger than `max_tokens`."""
+        if not hits and not wide:
             return []
         # Ranges of seq per conversation, merged: each an index range on (conversation, seq).
         ranges: list[tuple[int, int, int]] = []
         for conversation, first, last in sorted(
-            (h.conversation_pk, h.seq - radius, h.seq + radius + further_after) for h in hits
+            [(h.conversation_pk, h.seq - radius, h.seq + radius + further_after) for h in hits]
+            + [(h.conversation_pk, h.seq - wide_radius, h.seq + wide_radius) for h in wide]
         ):
             if ranges and ranges[-1][0] == conversation and first <= ranges[-1][2] + 1:
                 ranges[-1] = (conversation, ranges[-1][1], max(last, ranges[-1][2]))

@@ -132,3 +132,10 @@ async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
         lambda c: MessageSearch(c).around("t1", "alice", hits, radius=1, further_after=0)
     )
     assert [f.seq for f in around] == [2, 3, 4]
+    # A wide hit reaches `wide_radius` either side, whatever the others reach.
+    around = await db.read(
+        lambda c: MessageSearch(c).around(
+            "t1", "alice", [], radius=0, further_after=0, wide=hits, wide_radius=2
+        )
+    )
+    assert [f.seq for f in around] == [1, 2, 3, 4, 5]

@@ -4,8 +4,25 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from policies.context import Budget, Recalled, assemble
-from policies.recall import Turn, fit, pack, query_terms, rank, render
+from policies.recall import (
+    COMMON_ONLY,
+    TOKENS_PER_WIDE_HIT,
+    WIDE_RADIUS,
+    Excerpt,
+    Turn,
+    closeness,
+    common_terms,
+    fit,
+    pack,
+    query_terms,
+    rank,
+    reach,
+    render,
+    wide_hits,
+)
 from policies.tokens import count_message, count_text
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -34,33 +51,72 @@ def test_query_terms_keep_content_words_once_in_order() -> None:
     assert len(query_terms(" ".join(f"word{i}" for i in range(100)))) == 24
 
 
-def test_a_hit_comes_with_the_turns_around_it_and_a_strong_one_with_two_after() -> None:
-    chat = [turn(20 + seq, seq, f"turn {seq}") for seq in range(1, 13)]
-    strong, weak = rank({22: 5.0, 29: 2.0}, chat, now=NOW)
-    # The best hit (and any within STRONG_HIT of it) reaches the second turn after it, where
-    # the answer to what matched often is; a weaker hit keeps one turn either side.
-    assert [t.pk for t in strong.turns] == [21, 22, 23, 24]
-    assert [t.pk for t in weak.turns] == [28, 29, 30]
-    assert (strong.hits, weak.hits) == ([22], [29])
-    _, wide = rank({22: 5.0, 29: 2.0}, chat, now=NOW, strong=0.1)
-    assert [t.pk for t in wide.turns] == [28, 29, 30, 31]
+def values(excerpts: list[Excerpt]) -> dict[int, float]:
+    """Each ranked turn's value, by pk (`rank` gives one-turn excerpts)."""
+    return {e.turns[0].pk: e.value for e in excerpts}
 
 
-def test_overlapping_windows_merge_and_more_hits_are_worth_more() -> None:
+def test_a_strong_hit_reaches_far_a_weak_one_the_turn_before_and_two_after() -> None:
+    chat = [turn(100 + seq, seq, f"turn {seq}") for seq in range(1, 41)]
+    ranked = values(rank({110: 5.0, 130: 2.0}, chat, now=NOW))
+    # The best hit (and any within WIDE_HIT of it) reaches WIDE_RADIUS turns either side; a
+    # weaker one the turn before it and the two after, where the answer to what matched is.
+    assert sorted(p for p in ranked if p < 120) == list(range(110 - WIDE_RADIUS, 111 + WIDE_RADIUS))
+    assert sorted(p for p in ranked if p > 120) == [129, 130, 131, 132]
+    # Worth falls with distance; the reply after a hit is worth more than the turn before it.
+    assert ranked[110] > ranked[111] > ranked[109] == ranked[112] > ranked[108] > ranked[104]
+    assert ranked[110] > ranked[130]
+    assert (reach(True), reach(False)) == ((WIDE_RADIUS, WIDE_RADIUS), (1, 2))
+    # Only as many wide hits as the budget can hold: the best first.
+    scores = {1: 5.0, 2: 4.0, 3: 3.0, 4: 1.0}
+    assert wide_hits(scores, 10_000) == {1, 2, 3}
+    assert wide_hits(scores, 2 * TOKENS_PER_WIDE_HIT) == {1, 2}
+    assert wide_hits(scores, 10) == {1}
+    narrow = values(rank({110: 5.0, 130: 2.0}, chat, now=NOW, wide={130}))
+    assert sorted(narrow) == [109, 110, 111, 112, *range(130 - WIDE_RADIUS, 131 + WIDE_RADIUS)]
+    assert closeness(0) == 1 > closeness(1) > closeness(-1) == closeness(2) > closeness(-2)
+
+
+def test_a_turn_near_several_hits_is_worth_more_and_packing_joins_neighbours() -> None:
     excerpts = rank(
         {2: 1.0, 3: 4.0, 5: 2.0, 9: 4.0}, [*DIALOGUE, turn(9, 1, "x", conversation="c2")], now=NOW
     )
-    merged = next(e for e in excerpts if e.turns[0].conversation == "c1")
-    assert [t.pk for t in merged.turns] == [1, 2, 3, 4, 5]  # windows 1-3, 2-4 and 4-6 touch
-    alone = next(e for e in excerpts if e.turns[0].conversation == "c2")
-    assert merged.value > alone.value  # three hits beat one as strong as the best of them
+    ranked = values(excerpts)
+    assert ranked[3] > ranked[9]  # as strong as the other best hit, and next to two more
+    merged, alone = sorted(pack(excerpts, 2000), key=lambda e: e.turns[0].conversation)
+    # Neighbouring turns go as one excerpt (no separator between them), with their hits.
+    assert [t.pk for t in merged.turns] == [1, 2, 3, 4, 5]
+    assert merged.hits == [2, 3, 5] and merged.value == ranked[3]
+    assert [t.pk for t in alone.turns] == [9]
+    assert render(pack(excerpts, 2000)).count("> ...") == 0
+
+
+def test_a_hit_matching_only_words_every_hit_has_counts_less() -> None:
+    # "Biscuit" is in most hits (a name, say): the hit that also says "beagle" is worth more
+    # than a shorter one that only says "biscuit", though the search scored them the same.
+    chat = [
+        turn(1, 1, "Biscuit ran off"),
+        turn(2, 10, "Biscuit sleeps"),
+        turn(3, 20, "Biscuit is a beagle"),
+        turn(4, 30, "a beagle barked"),
+    ]
+    scores = {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0}
+    assert common_terms([{"biscuit"}, {"biscuit"}, {"biscuit", "beagle"}, {"beagle"}]) == {
+        "biscuit"
+    }
+    ranked = values(rank(scores, chat, now=NOW, terms=["biscuit", "beagle"]))
+    assert ranked[3] == ranked[4] > ranked[1] == ranked[2]
+    assert ranked[1] == pytest.approx(COMMON_ONLY * ranked[3])
+    # Without the query's words, every hit counts its score.
+    plain = values(rank(scores, chat, now=NOW))
+    assert plain[1] == plain[3]
 
 
 def test_what_the_prompt_holds_is_not_recalled_again() -> None:
     excerpts = rank({3: 5.0}, DIALOGUE, now=NOW, exclude=["his NAME is biscuit,  he is a beagle"])
     assert excerpts == []  # the hit itself is in the prompt
-    (excerpt,) = rank({3: 5.0}, DIALOGUE, now=NOW, exclude=["Biscuit is a lovely name"])
-    assert [t.pk for t in excerpt.turns] == [2, 3, 5]
+    excerpts = rank({3: 5.0}, DIALOGUE, now=NOW, exclude=["Biscuit is a lovely name"])
+    assert sorted(values(excerpts)) == [1, 2, 3, 5]
 
 
 def test_recency_breaks_a_tie_between_equal_hits() -> None:
@@ -93,8 +149,8 @@ def test_interleaved_conversations_render_under_one_heading_each_within_the_esti
         turn(200 + i, i, f"note {i} about llamas", conversation="ab"[i % 2], days_ago=30 - i)
         for i in range(1, 13)
     ]
-    # Each hit alone (no radius, and none counts as strong enough to bring a turn after it).
-    excerpts = rank({t.pk: 1.0 for t in turns}, turns, now=NOW, radius=0, strong=2.0)
+    # Every turn a hit, none next to another of its conversation.
+    excerpts = rank({t.pk: 1.0 for t in turns}, turns, now=NOW)
     text = render(pack(excerpts, 2000))
     assert text.count("[conversation of") == 2
     assert text.endswith("(End of excerpts.)")
