@@ -81,11 +81,55 @@ def to_response(
     if reply.media_type.startswith("text/event-stream"):
         out_headers.update(_STREAM_HEADERS)
     return Stream(
-        relay(request, reply.chunks, observer),
+        _Relayed(request, reply.chunks, observer),
         status_code=reply.status,
         headers=out_headers,
         media_type=reply.media_type,
     )
+
+
+class _Relayed:
+    """`relay()` as the response iterates it. A response that is never iterated (its client
+    left between the response head and the first byte, so the server never starts the body)
+    still ends: when it is dropped, the upstream response is closed and the exchange settles
+    as a client disconnect, as `relay()` would have done."""
+
+    def __init__(
+        self,
+        request: Request[Any, Any, Any],
+        chunks: AsyncIterator[bytes],
+        observer: StreamObserver | None,
+    ) -> None:
+        self._request, self._chunks, self._observer = request, chunks, observer
+        self._loop = asyncio.get_running_loop()
+        self._started = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._started = True
+        return relay(self._request, self._chunks, self._observer)
+
+    def __del__(self) -> None:
+        if self._started or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(_never_relayed, self._request, self._chunks, self._observer)
+
+
+_closing: set[asyncio.Task[Any]] = set()
+
+
+def _never_relayed(
+    request: Request[Any, Any, Any], chunks: AsyncIterator[bytes], observer: StreamObserver | None
+) -> None:
+    info = request_info(request.scope)
+    info.outcome = "client_disconnected"
+    log_access(request.scope, info)
+    if observer is not None:
+        observer.abandon()
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        task = asyncio.ensure_future(aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
 
 
 async def relay(

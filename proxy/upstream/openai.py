@@ -111,15 +111,36 @@ class OpenAIUpstream:
         return UpstreamReply(
             response.status_code,
             out_headers,
-            chunks=self._relay(response),
+            chunks=ResponseChunks(response, self.name),
             media_type=media_type,
         )
 
-    async def _relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
+
+class ResponseChunks:
+    """A streamed response's body as it arrives. `aclose()` releases the connection whether
+    or not reading began (a generator that never started could not)."""
+
+    def __init__(self, response: httpx.Response, upstream: str) -> None:
+        self._response, self._upstream = response, upstream
+        self._body: AsyncIterator[bytes] | None = None
+
+    def __aiter__(self) -> ResponseChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._body is None:
+            self._body = self._response.aiter_bytes()
         try:
-            async for chunk in response.aiter_bytes():
-                yield chunk
+            return await anext(self._body)
+        except StopAsyncIteration:
+            await self.aclose()
+            raise
         except httpx.HTTPError as exc:
-            raise map_transport_error(exc, self.name) from exc
-        finally:
-            await response.aclose()
+            await self.aclose()
+            raise map_transport_error(exc, self._upstream) from exc
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
