@@ -104,9 +104,7 @@ async def recall(
             pinned = memories.pinned(tenant_id, user_id)
             if terms and memory_share > 0:
                 stems = sorted({stem(t) for t in terms})
-                others = memories.find(
-                    tenant_id, user_id, limit=MEMORY_CANDIDATES, pinned=False, terms=stems
-                )
+                others = memories.relevant(tenant_id, user_id, stems, limit=MEMORY_CANDIDATES)
         if not excerpts or (not terms and semantic is None):
             return [], [], pinned, others
         search = MessageSearch(conn)

@@ -3,13 +3,14 @@ listing and searching take the user too."""
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
@@ -21,6 +22,36 @@ R = MEMORIES
 _COLUMNS = columns(R, MemoryRecord)
 UPDATABLE = frozenset({"text", "kind", "pinned", "confidence"})
 _LIKE_SPECIAL = re.compile(r"([%_\\])")
+# Built once (recall reads them on every turn): the same statement is compiled once.
+_PINNED = (
+    select(*_COLUMNS)
+    .where(
+        R.c.tenant_id == bindparam("tenant"),
+        R.c.user_id == bindparam("user"),
+        R.c.pinned.is_(True),
+    )
+    .order_by(R.c.pk)
+    .limit(bindparam("limit"))
+)
+# Unpinned memories holding any of a JSON array of lowercase terms (what `find` matches).
+_CONTAINS = {
+    "sqlite": "EXISTS (SELECT 1 FROM json_each(:terms) t "
+    "WHERE instr(lower(memories.text), t.value) > 0)",
+    "postgresql": "EXISTS (SELECT 1 FROM jsonb_array_elements_text(CAST(:terms AS jsonb)) t(term) "
+    "WHERE strpos(lower(memories.text), t.term) > 0)",
+}
+_RELEVANT = {
+    dialect: select(*_COLUMNS)
+    .where(
+        R.c.tenant_id == bindparam("tenant"),
+        R.c.user_id == bindparam("user"),
+        R.c.pinned.is_(False),
+        text(contains),
+    )
+    .order_by(R.c.pk.desc())
+    .limit(bindparam("limit"))
+    for dialect, contains in _CONTAINS.items()
+}
 
 
 def new_memory_id() -> str:
@@ -152,11 +183,26 @@ class Memories:
 
     def pinned(self, tenant_id: str, user_id: str, limit: int = 100) -> list[MemoryRecord]:
         """The user's pinned memories, oldest first (the order they are shown in)."""
+        rows = self.conn.execute(_PINNED, {"tenant": tenant_id, "user": user_id, "limit": limit})
+        return [_record(r) for r in rows]
+
+    def relevant(
+        self, tenant_id: str, user_id: str, terms: Sequence[str], *, limit: int
+    ) -> list[MemoryRecord]:
+        """The user's unpinned memories containing any of `terms` (case-insensitive), newest
+        first: what `find(..., pinned=False, terms=terms)` returns, with one statement built
+        once (recall reads it on every turn)."""
+        if not terms:
+            return []
+        statement = _RELEVANT["postgresql" if self.conn.dialect.name == "postgresql" else "sqlite"]
         rows = self.conn.execute(
-            select(*_COLUMNS)
-            .where(R.c.tenant_id == tenant_id, R.c.user_id == user_id, R.c.pinned.is_(True))
-            .order_by(R.c.pk)
-            .limit(limit)
+            statement,
+            {
+                "tenant": tenant_id,
+                "user": user_id,
+                "terms": json.dumps([t.lower() for t in terms]),
+                "limit": limit,
+            },
         )
         return [_record(r) for r in rows]
 

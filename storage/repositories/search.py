@@ -12,16 +12,16 @@ ORed: any of them may match, and the ranking rewards those that match more and r
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, text
+from sqlalchemy import Connection, text
 
 from storage.models import CONVERSATIONS, MESSAGES
-from storage.repositories.rows import utc_row
 
 M = MESSAGES
 C = CONVERSATIONS
@@ -99,29 +99,30 @@ _POSTGRESQL = text(
     "AND (CAST(:conversation AS BIGINT) IS NULL OR m.conversation_pk = :conversation) "
     "ORDER BY score DESC LIMIT :limit"
 )
-_AROUND = (
-    select(
-        M.c.pk,
-        M.c.conversation_pk,
-        C.c.id.label("conversation_id"),
-        M.c.seq,
-        M.c.role,
-        M.c.search_text.label("text"),
-        M.c.tokens,
-        M.c.created_at,
-    )
-    .join(C, C.c.pk == M.c.conversation_pk)
-    .where(
-        M.c.conversation_pk == bindparam("conversation"),
-        M.c.seq.between(bindparam("first"), bindparam("last")),
-        M.c.tenant_id == bindparam("tenant"),
-        M.c.user_id == bindparam("user"),
-        M.c.status == "complete",
-        M.c.search_text.is_not(None),
-        M.c.tokens <= bindparam("max_tokens"),
-    )
-    .order_by(M.c.seq)
+# The hits' neighbours: one statement for every range of seq (a JSON array of
+# [conversation pk, first seq, last seq]), each range an index range on (conversation, seq).
+_AROUND_COLUMNS = (
+    "SELECT m.pk, m.conversation_pk, c.id AS conversation_id, m.seq, m.role, "
+    "m.search_text AS text, m.tokens, m.created_at "
 )
+_AROUND_WHERE = (
+    "JOIN conversations c ON c.pk = m.conversation_pk "
+    "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
+    "AND m.search_text IS NOT NULL AND m.tokens <= :max_tokens "
+    "ORDER BY m.conversation_pk, m.seq"
+)
+_AROUND_SQLITE = text(
+    _AROUND_COLUMNS + "FROM json_each(:ranges) r JOIN messages m "
+    "ON m.conversation_pk = json_extract(r.value, '$[0]') "
+    "AND m.seq BETWEEN json_extract(r.value, '$[1]') AND json_extract(r.value, '$[2]') "
+    + _AROUND_WHERE
+).columns(created_at=M.c.created_at.type)
+_AROUND_POSTGRESQL = text(
+    _AROUND_COLUMNS + "FROM jsonb_array_elements(CAST(:ranges AS jsonb)) r JOIN messages m "
+    "ON m.conversation_pk = CAST(r.value ->> 0 AS BIGINT) "
+    "AND m.seq BETWEEN CAST(r.value ->> 1 AS INTEGER) AND CAST(r.value ->> 2 AS INTEGER) "
+    + _AROUND_WHERE
+).columns(created_at=M.c.created_at.type)
 
 
 class MessageSearch:
@@ -188,21 +189,22 @@ class MessageSearch:
                 ranges[-1] = (conversation, ranges[-1][1], max(last, ranges[-1][2]))
             else:
                 ranges.append((conversation, first, last))
-        # One prepared statement per range (an index range each), not one statement with a
-        # different shape every time: the same SQL is compiled and planned once.
-        rows = [
-            row
-            for conversation, first, last in ranges
-            for row in self.conn.execute(
-                _AROUND,
-                {
-                    "tenant": tenant_id,
-                    "user": user_id,
-                    "conversation": conversation,
-                    "first": first,
-                    "last": last,
-                    "max_tokens": max_tokens,
-                },
-            )
+        statement = _AROUND_POSTGRESQL if self.conn.dialect.name == "postgresql" else _AROUND_SQLITE
+        rows = self.conn.execute(
+            statement,
+            {
+                "ranges": json.dumps(ranges),
+                "tenant": tenant_id,
+                "user": user_id,
+                "max_tokens": max_tokens,
+            },
+        )
+        return [
+            Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, _utc(created_at))
+            for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
-        return [Found(**utc_row(r)) for r in rows]
+
+
+def _utc(when: datetime) -> datetime:
+    """Aware UTC (SQLite hands datetimes back naive)."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)

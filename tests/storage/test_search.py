@@ -139,3 +139,34 @@ async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
         )
     )
     assert [f.seq for f in around] == [1, 2, 3, 4, 5]
+
+
+async def test_around_reads_every_window_of_every_conversation_in_order(db: Database) -> None:
+    words = ["one", "two", "three oboe", "four", "five", "six", "seven oboe", "eight"]
+    await new_conversation(db, "c1", [msg("user", w) for w in words])
+    await new_conversation(db, "c2", [msg("user", "nine oboe"), msg("assistant", "ten")])
+    await new_conversation(db, "bobs", [msg("user", "oboe lessons")], user="bob")
+    hits = await search(db, ["oboe"])
+    around = await db.read(
+        lambda c: MessageSearch(c).around("t1", "alice", hits, radius=1, further_after=0)
+    )
+    # The windows around seqs 3 and 7 of c1 and seq 1 of c2, each conversation's in order;
+    # overlapping or touching windows are read once; no other user's messages.
+    assert [(f.conversation_id, f.seq, f.text) for f in around] == [
+        ("c1", 2, "two"),
+        ("c1", 3, "three oboe"),
+        ("c1", 4, "four"),
+        ("c1", 6, "six"),
+        ("c1", 7, "seven oboe"),
+        ("c1", 8, "eight"),
+        ("c2", 1, "nine oboe"),
+        ("c2", 2, "ten"),
+    ]
+    assert all(f.created_at.tzinfo is not None for f in around)
+    wide = await db.read(
+        lambda c: MessageSearch(c).around(
+            "t1", "alice", hits, radius=1, further_after=0, wide=hits[:1], wide_radius=3
+        )
+    )
+    assert len({(f.conversation_id, f.seq) for f in wide}) == len(wide)
+    assert await db.read(lambda c: MessageSearch(c).around("t1", "bob", hits)) == []
