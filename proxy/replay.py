@@ -224,7 +224,7 @@ class SpillReplayer:
     async def _replay_round(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         self.metrics.spill_bytes.set(self.spill.size())
-        if not self.spill.size():
+        if self.spill.empty():
             return counts
         try:
             await self.db.ping()  # (rather than read the whole file while it is away)

@@ -149,6 +149,13 @@ class SpillFile:
             if self._users.get(key, 0) <= added:
                 self._users.pop(key, None)
 
+    def empty(self) -> bool:
+        """Nothing waits (and so no user is held)."""
+        if self.size():
+            return False
+        self._users.clear()
+        return True
+
     def _waiting(self) -> bool:
         return self.path.exists() or self.replaying.exists()
 
@@ -202,7 +209,9 @@ class SpillFile:
     async def forget(self, tenant_id: str, user_id: str) -> int:
         """Remove a user's entries (an erasure), waiting for a replay running now. Returns how
         many there were."""
-        return await asyncio.to_thread(self._forget, tenant_id, user_id)
+        removed = await asyncio.to_thread(self._forget, tenant_id, user_id)
+        self._users.pop((tenant_id, user_id), None)
+        return removed
 
     def _forget(self, tenant_id: str, user_id: str) -> int:
         removed = 0

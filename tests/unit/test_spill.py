@@ -154,3 +154,14 @@ def test_entries_group_by_request_in_first_appearance_order() -> None:
     assert requests[0].turn == entries[0] and requests[0].outcome == entries[2]
     assert requests[1].outcome is None
     assert requests[2].record == entries[3] and requests[2].turn is None
+
+
+async def test_an_erased_or_emptied_spill_holds_no_one(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    await spill.add(entry("r2", user="bob"), bounded=True)
+    await spill.forget("t1", "alice")
+    assert not spill.holds("t1", "alice")  # (its next turn does not wait for a replay)
+    assert spill.holds("t1", "bob") and not spill.empty()
+    await spill.forget("t1", "bob")
+    assert spill.empty() and not spill.holds("t1", "bob")
