@@ -107,8 +107,8 @@ class SpillFile:
     def _add(self, entry: Spilled, bounded: bool) -> None:
         line = entry.line()
         with _locked(self._lock):
-            if bounded and self._size() + len(line) > self.max_bytes:
-                raise SpillFull(f"the spill holds {self._size()} of {self.max_bytes} bytes")
+            if bounded and self.size() + len(line) > self.max_bytes:
+                raise SpillFull(f"the spill holds {self.size()} of {self.max_bytes} bytes")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not _ends_a_line(self.path):  # an append cut short (a crash, a full disk)
                 line = b"\n" + line  # ends that fragment, which is then set aside alone
@@ -128,9 +128,6 @@ class SpillFile:
 
     def size(self) -> int:
         """Bytes waiting, in the file and in the one being replayed."""
-        return self._size()
-
-    def _size(self) -> int:
         return sum(_size(p) for p in (self.path, self.replaying))
 
     async def take(self) -> SpillRound | None:
@@ -289,19 +286,17 @@ def _ends_a_line(path: Path) -> bool:
 def _rewrite(path: Path, data: bytes) -> None:
     """Replace `path`'s content whole (a crash leaves the old or the new), mode 0600."""
     scratch = path.with_name(path.name + ".new")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(scratch, data, os.O_TRUNC)
     scratch.replace(path)
 
 
 def _append(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    _write_synced(path, data, os.O_APPEND)
+
+
+def _write_synced(path: Path, data: bytes, mode: int) -> None:
+    """Write all of `data` to `path` (created 0600; `mode`: O_APPEND or O_TRUNC) and fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o600)
     try:
         view = memoryview(data)
         while view:

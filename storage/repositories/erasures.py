@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import Connection, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import ERASURES
+from storage.repositories.rows import utc
 
 E = ERASURES
 
@@ -42,8 +43,4 @@ class Erasures:
         erased = self.conn.execute(
             select(E.c.erased_at).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
         ).scalar_one_or_none()
-        if erased is None:
-            return False
-        if erased.tzinfo is None:  # SQLite gives datetimes back naive (stored as UTC)
-            erased = erased.replace(tzinfo=UTC)
-        return bool(erased >= at)
+        return erased is not None and utc(erased) >= at

@@ -17,10 +17,15 @@ def columns(table: Table, record: type[Any]) -> list[ColumnElement[Any]]:
     return [table.c[_RENAMED.get(f.name, f.name)].label(f.name) for f in dataclasses.fields(record)]
 
 
+def utc(when: datetime) -> datetime:
+    """Aware UTC (SQLite hands datetimes back naive)."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 def utc_row(row: Any) -> dict[str, Any]:
     """A row as a dict, datetimes as aware UTC (SQLite hands them back naive)."""
     out = dict(row._mapping)
     for key, value in out.items():
-        if isinstance(value, datetime) and value.tzinfo is None:
-            out[key] = value.replace(tzinfo=UTC)
+        if isinstance(value, datetime):
+            out[key] = utc(value)
     return out

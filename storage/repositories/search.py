@@ -16,12 +16,13 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, text
 
 from storage.models import CONVERSATIONS, MESSAGES
+from storage.repositories.rows import utc
 
 M = MESSAGES
 C = CONVERSATIONS
@@ -200,11 +201,6 @@ class MessageSearch:
             },
         )
         return [
-            Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, _utc(created_at))
+            Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
-
-
-def _utc(when: datetime) -> datetime:
-    """Aware UTC (SQLite hands datetimes back naive)."""
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
