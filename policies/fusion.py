@@ -1,46 +1,35 @@
 """Hybrid recall: full-text hits and vector hits fused into one score per message.
 
-Reciprocal rank fusion (Cormack, Clarke and Buettcher, 2009): each ranking gives a message
-`weight / (k + rank)`, and a message's score is the sum over the rankings it appears in. Ranks,
-not raw scores, are fused, because BM25 / ts_rank and cosine similarity are on scales that do
-not compare. The result is what `policies.recall.rank` takes as its scores (higher is better).
+BM25 / ts_rank and cosine similarity are on scales that do not compare, so each is first put
+on the scale of its own best hit: a full-text score as a share of the best one, a similarity
+as its place between the weakest and the strongest vector hit of this search (times the
+vector weight). A message's fused score is the better of the two, plus `AGREEMENT` of the
+other: found by both is worth more than by either alone.
+
+This keeps the full-text scores' own spread, which `policies.recall.rank` builds on (the best
+hits reach wider windows, a hit's neighbours are worth a share of it). Reciprocal rank fusion
+was measured first and lost evidence on LoCoMo: ranks flatten a strong full-text hit and the
+tenth weak one to nearly the same score, so the neighbour and window rules stopped telling
+them apart (README, recall).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-# The usual constant: it damps the difference between the first few ranks of each list.
-RRF_K = 60.0
-
-
-def ranking(scores: Mapping[int, float]) -> list[int]:
-    """Keys by score, best first (ties: smaller key first, so the result is deterministic)."""
-    return sorted(scores, key=lambda key: (-scores[key], key))
+# What the weaker of a message's two normalised scores adds to the stronger.
+AGREEMENT = 0.2
 
 
-def reciprocal_rank_fusion(
-    rankings: Sequence[Sequence[int]],
-    weights: Sequence[float] | None = None,
-    *,
-    k: float = RRF_K,
-) -> dict[int, float]:
-    """One score per key from several rankings (each best first): the sum of
-    `weight / (k + rank)`, rank counted from 1. A key repeated in one ranking counts once, at
-    its best rank."""
-    if weights is None:
-        weights = [1.0] * len(rankings)
-    if len(weights) != len(rankings):
-        raise ValueError("one weight per ranking")
-    fused: dict[int, float] = {}
-    for order, weight in zip(rankings, weights, strict=True):
-        seen: set[int] = set()
-        for position, key in enumerate(order, start=1):
-            if key in seen:
-                continue
-            seen.add(key)
-            fused[key] = fused.get(key, 0.0) + weight / (k + position)
-    return fused
+def normalised_similarities(semantic: Mapping[int, float], weight: float) -> dict[int, float]:
+    """Cosine similarities as their place between the weakest (0) and the strongest
+    (`weight`) of them; all `weight` when they are equal."""
+    if not semantic:
+        return {}
+    low, high = min(semantic.values()), max(semantic.values())
+    if high <= low:
+        return {key: weight for key in semantic}
+    return {key: weight * (value - low) / (high - low) for key, value in semantic.items()}
 
 
 def hybrid_scores(
@@ -48,15 +37,17 @@ def hybrid_scores(
     semantic: Mapping[int, float],
     *,
     semantic_weight: float = 1.0,
-    k: float = RRF_K,
 ) -> dict[int, float]:
-    """Full-text scores and cosine similarities (message pk -> score, higher is better)
-    fused by rank. Without vector hits the full-text scores come back unchanged, so recall
+    """Full-text scores and cosine similarities (message pk -> score, higher is better) as
+    one score each. Without vector hits the full-text scores come back unchanged, so recall
     with embeddings on but nothing embedded yet ranks exactly as without them."""
     if not semantic or semantic_weight <= 0:
         return dict(lexical)
-    if not lexical:
-        return reciprocal_rank_fusion([ranking(semantic)], [semantic_weight], k=k)
-    return reciprocal_rank_fusion(
-        [ranking(lexical), ranking(semantic)], [1.0, semantic_weight], k=k
-    )
+    top = max(lexical.values(), default=0.0) or 1.0
+    words = {key: value / top for key, value in lexical.items()}
+    meaning = normalised_similarities(semantic, semantic_weight)
+    fused: dict[int, float] = {}
+    for key in words.keys() | meaning.keys():
+        a, b = words.get(key, 0.0), meaning.get(key, 0.0)
+        fused[key] = max(a, b) + AGREEMENT * min(a, b)
+    return fused

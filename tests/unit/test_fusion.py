@@ -1,29 +1,10 @@
-"""Reciprocal rank fusion of full-text and vector hits (policies/fusion.py)."""
+"""Fusion of full-text and vector hits into one score per message (policies/fusion.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.fusion import RRF_K, hybrid_scores, ranking, reciprocal_rank_fusion
-
-
-def test_each_ranking_gives_weight_over_k_plus_rank() -> None:
-    fused = reciprocal_rank_fusion([[10, 20], [20, 30]], k=60)
-    assert fused[10] == pytest.approx(1 / 61)
-    assert fused[20] == pytest.approx(1 / 62 + 1 / 61)
-    assert fused[30] == pytest.approx(1 / 62)
-    assert ranking(fused) == [20, 10, 30]  # found by both beats first in one
-
-
-def test_weights_scale_a_ranking_and_repeats_count_once() -> None:
-    fused = reciprocal_rank_fusion([[1, 1, 2], [2]], [1.0, 3.0], k=0)
-    assert fused == {1: pytest.approx(1.0), 2: pytest.approx(1 / 3 + 3.0)}
-    with pytest.raises(ValueError):
-        reciprocal_rank_fusion([[1]], [1.0, 2.0])
-
-
-def test_ranking_orders_by_score_then_key() -> None:
-    assert ranking({3: 0.5, 1: 0.5, 2: 0.9}) == [2, 1, 3]
+from policies.fusion import AGREEMENT, hybrid_scores, normalised_similarities
 
 
 def test_without_vector_hits_the_full_text_scores_are_unchanged() -> None:
@@ -32,11 +13,31 @@ def test_without_vector_hits_the_full_text_scores_are_unchanged() -> None:
     assert hybrid_scores(lexical, {3: 0.9}, semantic_weight=0) == lexical
 
 
-def test_hybrid_scores_fuse_ranks_not_raw_scores() -> None:
-    # BM25 in the tens, cosine below one: only the order within each list matters.
-    fused = hybrid_scores({1: 40.0, 2: 12.0}, {2: 0.91, 3: 0.88})
-    assert ranking(fused) == [2, 1, 3]
-    assert fused[1] == pytest.approx(1 / (RRF_K + 1))
-    assert fused[3] == pytest.approx(1 / (RRF_K + 2))
+def test_each_score_is_put_on_the_scale_of_its_own_best_hit() -> None:
+    # BM25 in the tens, cosine below one: each is a share of its own list's range.
+    fused = hybrid_scores({1: 40.0, 2: 10.0}, {3: 0.8, 4: 0.6, 5: 0.4})
+    assert fused[1] == pytest.approx(1.0)
+    assert fused[2] == pytest.approx(0.25)  # the full-text spread is kept
+    assert fused[3] == pytest.approx(1.0)
+    assert fused[4] == pytest.approx(0.5)
+    assert fused[5] == pytest.approx(0.0)  # the weakest vector hit, and nothing else
+
+
+def test_found_by_both_is_the_better_score_plus_a_share_of_the_other() -> None:
+    fused = hybrid_scores({1: 40.0, 2: 10.0}, {2: 0.9, 3: 0.5, 1: 0.7})
+    assert fused[2] == pytest.approx(1.0 + AGREEMENT * 0.25)
+    assert fused[1] == pytest.approx(1.0 + AGREEMENT * 0.5)
+    assert fused[3] == pytest.approx(0.0)
+    assert sorted(fused, key=fused.__getitem__, reverse=True) == [1, 2, 3]
+
+
+def test_the_vector_weight_scales_the_similarities() -> None:
+    fused = hybrid_scores({1: 4.0}, {2: 0.9, 3: 0.5}, semantic_weight=0.5)
+    assert fused == {1: pytest.approx(1.0), 2: pytest.approx(0.5), 3: pytest.approx(0.0)}
+
+
+def test_equal_similarities_all_count_whole() -> None:
+    assert normalised_similarities({7: 0.4, 8: 0.4}, 0.8) == {7: 0.8, 8: 0.8}
+    assert normalised_similarities({}, 1.0) == {}
     # Vector hits alone (a question with no searchable word) rank by similarity.
-    assert ranking(hybrid_scores({}, {5: 0.2, 6: 0.7})) == [6, 5]
+    assert hybrid_scores({}, {5: 0.2, 6: 0.7}) == {5: 0.0, 6: pytest.approx(1.0)}
