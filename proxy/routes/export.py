@@ -240,8 +240,9 @@ async def _written(services: AppState, tenant: str, user: str, page: int) -> Asy
         try:
             async for chunk in coalesced(document, FLUSH_BYTES):
                 yield chunk
-        except Exception:
-            log.exception("export_failed")
+        except Exception as exc:
+            # (Re-raised: the server then ends the response without its last chunk.)
+            log.error("export_cut_short", error=str(exc))
             raise
 
 

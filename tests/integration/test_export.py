@@ -29,6 +29,7 @@ from storage.repositories.vectors import MessageVectors, NewVector
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
+from tests.postgres import start_server
 
 
 @pytest.fixture
@@ -357,3 +358,23 @@ async def test_a_client_gone_mid_export_leaves_no_snapshot_open(
     response = await export(paged_api, "alice")
     assert response.status_code == 200
     assert len(response.json()["conversations"]) == 2
+
+
+async def test_a_database_lost_mid_export_cuts_the_response_short(
+    fake_upstream: tuple[FakeOpenAI, str],
+) -> None:
+    _, upstream_url = fake_upstream
+    server = start_server()  # (its own, to stop)
+    try:
+        config = paged_config(upstream_url, server.url(server.create_database()))
+        # Never a whole-looking document: the chunked body is left unfinished.
+        with (
+            ServerThread(create_app(config), sock=small_buffered_listener()) as proxy,
+            pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"),
+        ):
+            async with large_export_begun(proxy.url + "/v1") as (_, rest):
+                await asyncio.to_thread(server.pause)
+                async for _ in rest:
+                    pass
+    finally:
+        server.stop()
