@@ -17,12 +17,13 @@ import httpx
 import msgspec
 import openai
 import pytest
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 
 from proxy.app import create_app
 from proxy.config import Config, ServerConfig, UpstreamConfig
 from storage.database import Database
 from storage.repositories.conversations import Conversations
+from storage.repositories.erasures import Erasures
 from storage.repositories.jobs import Jobs
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors, NewVector
@@ -105,6 +106,7 @@ async def test_a_bad_user_id_is_a_400(api: httpx.AsyncClient) -> None:
 # A page of two rows (attachments too): every section of the users below spans several pages.
 PAGE = 2
 SMALL_BUFFER = 16 * 1024
+HOUR = timedelta(hours=1)
 
 
 def paged_config(upstream_url: str, database_url: str) -> Config:
@@ -255,6 +257,42 @@ async def test_the_export_streams_the_same_document_page_by_page(
     assert data["summaries"] == seeds["summaries"]
     assert data["vectors"] == seeds["vectors"] == 5
     assert "bob" not in str(data)
+
+
+def rows_naming(conn: Connection, user: str) -> list[str]:
+    """Every table and column whose stored value holds `user` anywhere in it (as text, in a
+    JSON document or in the bytes of a blob), on whichever database this is."""
+    found = []
+    for table in inspect(conn).get_table_names():
+        result = conn.execute(text(f'SELECT * FROM "{table}"'))
+        for row in result:
+            for column, value in zip(result.keys(), row, strict=True):
+                shown = value if isinstance(value, bytes) else json.dumps(value, default=str)
+                if (user.encode() if isinstance(shown, bytes) else user) in shown:
+                    found.append(f"{table}.{column}")
+    return found
+
+
+async def test_after_an_erasure_no_row_anywhere_holds_the_user_id(
+    paged_proxy: tuple[str, str], paged_api: httpx.AsyncClient
+) -> None:
+    base, database_url = paged_proxy
+    await seed_everything(base, database_url, paged_api)
+    assert (await paged_api.delete("/memory/users/alice")).status_code == 200
+
+    db = Database(database_url)
+    try:
+        alice = await db.read(lambda conn: rows_naming(conn, "alice"))
+        bob = await db.read(lambda conn: rows_naming(conn, "bob"))
+        # The erasure is still known (a replayed turn of alice's is dropped), by its hash.
+        erased = await db.read(
+            lambda conn: Erasures(conn).erased_since("t1", "alice", datetime.now(UTC) - HOUR)
+        )
+    finally:
+        await db.dispose()
+    assert alice == []
+    assert "exchanges.user_id" in bob and "memories.user_id" in bob  # (the scan finds ids)
+    assert erased
 
 
 def export_holds_a_snapshot(database_url: str) -> bool:
