@@ -108,18 +108,18 @@ class UserExport:
                 async for piece in self._conversation(conversation):
                     yield piece
                 separator = b","
-        yield b'],"memories":'
-        async for piece in array(self._pages(self._memories), memory_object):
-            yield piece
-        yield b',"exchanges":'
-        async for piece in array(self._pages(self._exchanges), exchange_object):
-            yield piece
-        yield b',"summaries":'
-        async for piece in array(self._pages(self._summaries), summary_object):
-            yield piece
-        yield b',"jobs":'
-        async for piece in array(self._pages(self._jobs), job_object):
-            yield piece
+        yield b"]"
+        sections: list[tuple[str, Callable[[Any, Connection], list[Any]], Callable[[Any], Any]]]
+        sections = [
+            ("memories", self._memories, memory_object),
+            ("exchanges", self._exchanges, exchange_object),
+            ("summaries", self._summaries, summary_object),
+            ("jobs", self._jobs, job_object),
+        ]
+        for name, fetch, shown in sections:
+            yield b"," + encode(name) + b":"
+            async for piece in array(self._pages(fetch), shown):
+                yield piece
         vectors = await self.snapshot.read(
             lambda c: MessageVectors(c).count(self.tenant, self.user)
         )
