@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
@@ -137,15 +137,14 @@ class Database:
             return result
 
 
-class Snapshot:
+class Snapshot(Protocol):
     """A read snapshot held open (`Database.snapshot()`): `read(work)` runs `work` in it.
     Units of work run one at a time; none may write."""
 
-    async def read(self, work: Work[T]) -> T:
-        raise NotImplementedError
+    async def read(self, work: Work[T]) -> T: ...
 
 
-class _PostgresSnapshot(Snapshot):
+class _PostgresSnapshot:
     def __init__(self, conn: AsyncConnection) -> None:
         self._conn = conn
 
@@ -154,7 +153,7 @@ class _PostgresSnapshot(Snapshot):
             return await self._conn.run_sync(work)
 
 
-class _SqliteSnapshot(Snapshot):
+class _SqliteSnapshot:
     """A connection in a read transaction, used by one reader thread at a time. It is opened
     by the first unit of work and ended without awaiting anything, so that a caller cancelled
     half-way (a client gone mid-download) still ends it: after the unit of work running then."""
