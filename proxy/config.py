@@ -90,6 +90,9 @@ class ServerConfig(_Strict):
     spill_path: str = "./memproxy-spill.jsonl"
     spill_max_bytes: int = Field(64 * 2**20, ge=0)
     spill_replay_seconds: float = Field(5.0, gt=0)
+    # GET /v1/memory/users/{id}/export reads and sends the user's rows this many at a time
+    # (attachments, whose text may be large, at most 10): what one export holds in memory.
+    export_page_rows: int = Field(500, ge=1)
     # Debugging only: log the messages of each chat request and its reply (content is
     # otherwise never logged). Keys are never logged.
     log_content: bool = False

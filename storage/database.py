@@ -17,14 +17,15 @@ way to run them without blocking the event loop:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import (
     DBAPIError,
@@ -33,7 +34,7 @@ from sqlalchemy.exc import (
     OperationalError,
     SQLAlchemyError,
 )
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from storage.errors import ConflictError, StorageError, StorageUnavailable
@@ -92,6 +93,23 @@ class Database:
                 async with snapshot.begin():
                     return await snapshot.run_sync(work)
 
+    @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Snapshot]:
+        """One consistent read snapshot for several units of work, one after another. It holds
+        a connection (and, on PostgreSQL, a transaction) until the block is left."""
+        if self.is_sqlite:
+            held = _SqliteSnapshot(self._sync, self._readers)
+            try:
+                yield held
+            finally:
+                held.close()
+            return
+        with _translated():
+            async with self._async.connect() as conn:  # (closing it rolls back, shielded)
+                snapshot = await conn.execution_options(isolation_level="REPEATABLE READ")
+                await snapshot.begin()
+                yield _PostgresSnapshot(snapshot)
+
     async def ping(self) -> None:
         await self.read(lambda conn: conn.execute(text("SELECT 1")))
 
@@ -117,6 +135,61 @@ class Database:
                 raise
             conn.exec_driver_sql("COMMIT")
             return result
+
+
+class Snapshot(Protocol):
+    """A read snapshot held open (`Database.snapshot()`): `read(work)` runs `work` in it.
+    Units of work run one at a time; none may write."""
+
+    async def read(self, work: Work[T]) -> T: ...
+
+
+class _PostgresSnapshot:
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._conn = conn
+
+    async def read(self, work: Work[T]) -> T:
+        with _translated():
+            return await self._conn.run_sync(work)
+
+
+class _SqliteSnapshot:
+    """A connection in a read transaction, used by one reader thread at a time. It is opened
+    by the first unit of work and ended without awaiting anything, so that a caller cancelled
+    half-way (a client gone mid-download) still ends it: after the unit of work running then."""
+
+    def __init__(self, engine: Engine, readers: ThreadPoolExecutor) -> None:
+        self._engine, self._readers = engine, readers
+        self._conn: Connection | None = None
+        self._last: Future[Any] | None = None
+
+    async def read(self, work: Work[T]) -> T:
+        self._last = self._readers.submit(self._unit, work)
+        return await asyncio.wrap_future(self._last)
+
+    def _unit(self, work: Work[T]) -> T:
+        with _translated():
+            if self._conn is None:
+                self._conn = self._engine.connect()
+                self._conn.exec_driver_sql("BEGIN")
+            return work(self._conn)
+
+    def close(self) -> None:
+        if self._last is None:
+            return
+        self._last.add_done_callback(lambda _: self._end_soon())
+
+    def _end_soon(self) -> None:
+        try:
+            self._readers.submit(self._end)
+        except RuntimeError:  # the pool is shut down (the app stopping): end it here
+            self._end()
+
+    def _end(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # (a connection the database dropped)
+                self._conn.exec_driver_sql("ROLLBACK")
+            self._conn.close()
 
 
 class _translated:

@@ -3,28 +3,47 @@ tenant, read in one consistent snapshot: conversations with their messages and a
 (with their text), memories, exchange records, summaries and background jobs. Vectors are
 derived from the messages and are counted, not dumped.
 
-The reads go page by page through index ranges; the answer is one JSON document, so a user
-with a very large history makes a large response."""
+The answer is one JSON document, streamed: it is written page by page as the pages are read
+(each page one unit of work in a snapshot held for the whole export, so the event loop is free
+between pages), so the memory it takes is bounded by a page, not by the user's history. The
+first page is read before the response starts: a database that cannot be read is the usual
+error, with its status. A failure after that can only cut the response short (the chunked body
+never ends), never pass a truncated document off as whole.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any, TypeVar
 
-from litestar import Response, get
+import msgspec
+import structlog
+from litestar import MediaType, Response, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
+from litestar.response import Stream
 from sqlalchemy import Connection
 
 from proxy.auth import Principal
 from proxy.memory import now
-from proxy.responses import json_response
 from proxy.routes.attachments import attachment_object
 from proxy.routes.jobs import job_object
 from proxy.routes.memories import memory_object
 from proxy.routes.memory import MANAGE, conversation_object, message_object, user_param
 from proxy.routes.usage import exchange_object
 from proxy.state import AppState
-from storage.records import ConversationRecord, ExchangeRecord, MemoryRecord
+from storage.database import Snapshot
+from storage.records import (
+    AttachmentRecord,
+    ConversationRecord,
+    ExchangeRecord,
+    JobRecord,
+    MemoryRecord,
+    MessageRecord,
+    SummaryRecord,
+)
 from storage.repositories.attachments import Attachments
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
@@ -33,51 +52,166 @@ from storage.repositories.memories import Memories
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
-PAGE = 500
+log = structlog.get_logger("memproxy.export")
+
+R = TypeVar("R")
+# An attachment's text may be far larger than a message: fewer of them to a page.
+ATTACHMENTS_PER_PAGE = 10
+# Pieces of the document are sent in writes of about this size, not one write per piece.
+FLUSH_BYTES = 64 * 1024
+
+encode = msgspec.json.encode
 
 
-def _conversations(conn: Connection, tenant: str, user: str) -> list[dict[str, Any]]:
-    repo, documents = Conversations(conn), Attachments(conn)
-    found: list[dict[str, Any]] = []
-    after: ConversationRecord | None = None
-    while batch := repo.list(tenant, user, after=after, limit=PAGE):
-        for conversation in batch:
-            messages, seq = [], 0
-            while page := repo.messages(tenant, conversation.pk, after_seq=seq, limit=PAGE):
-                messages += [message_object(conversation.id, m) for m in page]
-                seq = page[-1].seq
-            attached = documents.for_conversation(tenant, conversation.pk, limit=1_000_000)
-            chunks = documents.chunk_counts(tenant, [a.pk for a in attached])
-            found.append(
-                {
-                    **conversation_object(conversation),
-                    "messages": messages,
-                    "attachments": [
-                        attachment_object(conversation.id, a, chunks.get(a.pk, 0), content=True)
-                        for a in attached
-                    ],
-                }
-            )
-        after = batch[-1]
-    return found
+async def pages(
+    snapshot: Snapshot, fetch: Callable[[R | None, Connection], list[R]], limit: int
+) -> AsyncIterator[list[R]]:
+    """Every row `fetch` finds, `limit` at a time: `fetch(last, conn)` reads the page after
+    `last` (None: the first), each page in a unit of work of its own. A short page is the last."""
+    last: R | None = None
+    while batch := await snapshot.read(partial(fetch, last)):
+        yield batch
+        if len(batch) < limit:
+            return
+        last = batch[-1]
 
 
-def _memories(conn: Connection, tenant: str, user: str) -> list[dict[str, Any]]:
-    repo, found = Memories(conn), []
-    after: MemoryRecord | None = None
-    while batch := repo.find(tenant, user, limit=PAGE, after=after):
-        found += [memory_object(m) for m in batch]
-        after = batch[-1]
-    return found
+async def array(
+    batches: AsyncIterator[Sequence[R]], shown: Callable[[R], Any]
+) -> AsyncIterator[bytes]:
+    """A JSON array of what `shown` makes of each row, a page at a time."""
+    opening = b"["
+    async for batch in batches:
+        yield opening + b",".join(encode(shown(row)) for row in batch)
+        opening = b","
+    yield b"[]" if opening == b"[" else b"]"
 
 
-def _exchanges(conn: Connection, tenant: str, user: str) -> list[dict[str, Any]]:
-    repo, found = Exchanges(conn), []
-    after: ExchangeRecord | None = None
-    while batch := repo.for_user(tenant, user, limit=PAGE, after=after):
-        found += [exchange_object(x) for x in batch]
-        after = batch[-1]
-    return found
+class UserExport:
+    """The pages of one user's export, in the document's order."""
+
+    def __init__(self, snapshot: Snapshot, tenant: str, user: str, page: int) -> None:
+        self.snapshot, self.tenant, self.user, self.page = snapshot, tenant, user, page
+
+    async def document(self, at: datetime) -> AsyncIterator[bytes]:
+        head = {
+            "object": "memory.user.export",
+            "user": self.user,
+            "exported_at": int(at.timestamp()),
+        }
+        yield encode(head)[:-1] + b',"conversations":'  # (the object goes on: no closing brace)
+        yield b"["
+        separator = b""
+        async for batch in self._pages(self._conversations):
+            for conversation in batch:
+                yield separator
+                async for piece in self._conversation(conversation):
+                    yield piece
+                separator = b","
+        yield b"]"
+        sections: list[tuple[str, Callable[[Any, Connection], list[Any]], Callable[[Any], Any]]]
+        sections = [
+            ("memories", self._memories, memory_object),
+            ("exchanges", self._exchanges, exchange_object),
+            ("summaries", self._summaries, summary_object),
+            ("jobs", self._jobs, job_object),
+        ]
+        for name, fetch, shown in sections:
+            yield b"," + encode(name) + b":"
+            async for piece in array(self._pages(fetch), shown):
+                yield piece
+        vectors = await self.snapshot.read(
+            lambda c: MessageVectors(c).count(self.tenant, self.user)
+        )
+        yield b',"vectors":' + encode(vectors) + b"}"
+
+    async def _conversation(self, conversation: ConversationRecord) -> AsyncIterator[bytes]:
+        yield encode(conversation_object(conversation))[:-1] + b',"messages":'
+        messages = self._pages(partial(self._messages, conversation.pk))
+        async for piece in array(messages, partial(message_object, conversation.id)):
+            yield piece
+        yield b',"attachments":'
+        attached = pages(
+            self.snapshot,
+            partial(self._attachments, conversation.pk),
+            min(self.page, ATTACHMENTS_PER_PAGE),
+        )
+        with_text = partial(_attachment_object, conversation.id)
+        async for piece in array(attached, with_text):
+            yield piece
+        yield b"}"
+
+    def _pages(self, fetch: Callable[[R | None, Connection], list[R]]) -> AsyncIterator[list[R]]:
+        return pages(self.snapshot, fetch, self.page)
+
+    def _conversations(
+        self, last: ConversationRecord | None, conn: Connection
+    ) -> list[ConversationRecord]:
+        return Conversations(conn).list(self.tenant, self.user, after=last, limit=self.page)
+
+    def _messages(
+        self, conversation_pk: int, last: MessageRecord | None, conn: Connection
+    ) -> list[MessageRecord]:
+        after = last.seq if last else 0
+        return Conversations(conn).messages(
+            self.tenant, conversation_pk, after_seq=after, limit=self.page
+        )
+
+    def _attachments(
+        self, conversation_pk: int, last: tuple[AttachmentRecord, int] | None, conn: Connection
+    ) -> list[tuple[AttachmentRecord, int]]:
+        """The attachments with their text and their chunk counts."""
+        documents = Attachments(conn)
+        found = documents.for_conversation(
+            self.tenant,
+            conversation_pk,
+            limit=min(self.page, ATTACHMENTS_PER_PAGE),
+            after_pk=last[0].pk if last else None,
+        )
+        chunks = documents.chunk_counts(self.tenant, [a.pk for a in found])
+        return [(a, chunks.get(a.pk, 0)) for a in found]
+
+    def _memories(self, last: MemoryRecord | None, conn: Connection) -> list[MemoryRecord]:
+        return Memories(conn).find(self.tenant, self.user, limit=self.page, after=last)
+
+    def _exchanges(self, last: ExchangeRecord | None, conn: Connection) -> list[ExchangeRecord]:
+        return Exchanges(conn).for_user(self.tenant, self.user, limit=self.page, after=last)
+
+    def _summaries(self, last: SummaryRecord | None, conn: Connection) -> list[SummaryRecord]:
+        after = last.pk if last else None
+        return Summaries(conn).for_user(self.tenant, self.user, limit=self.page, after_pk=after)
+
+    def _jobs(self, last: JobRecord | None, conn: Connection) -> list[JobRecord]:
+        after = last.pk if last else None
+        return Jobs(conn).find(self.tenant, limit=self.page, user_id=self.user, after_pk=after)
+
+
+def _attachment_object(conversation_id: str, found: tuple[AttachmentRecord, int]) -> dict[str, Any]:
+    attachment, chunks = found
+    return attachment_object(conversation_id, attachment, chunks, content=True)
+
+
+def summary_object(s: SummaryRecord) -> dict[str, Any]:
+    return {
+        "kind": s.kind,
+        "subject": s.subject,
+        "model": s.model,
+        "text": s.text,
+        "tokens": s.tokens,
+        "created_at": int(s.created_at.timestamp()),
+    }
+
+
+async def coalesced(pieces: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+    """The same bytes in writes of at least `size` (but the last)."""
+    buffer = bytearray()
+    async for piece in pieces:
+        buffer += piece
+        if len(buffer) >= size:
+            yield bytes(buffer)
+            buffer.clear()
+    if buffer:
+        yield bytes(buffer)
 
 
 @get(
@@ -91,37 +225,31 @@ async def export_user(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     user_param(user_id, "user_id")
-    tenant = principal.tenant_id
     await services.deferred.settle()  # (mode-off records written in batches)
+    page = services.config.server.export_page_rows
+    written = _written(services, principal.tenant_id, user_id, page)
+    # The first write needs the first page read (the head alone is far below FLUSH_BYTES), so
+    # a database that cannot be read fails here, answered with its own status.
+    first = await anext(written)
+    return Stream(_starting_with(first, written), media_type=MediaType.JSON)
 
-    def work(conn: Connection) -> dict[str, Any]:
-        jobs, after = [], None
-        while batch := Jobs(conn).find(tenant, limit=PAGE, user_id=user_id, after_pk=after):
-            jobs += [job_object(j) for j in batch]
-            after = batch[-1].pk
-        return {
-            "object": "memory.user.export",
-            "user": user_id,
-            "exported_at": int(now().timestamp()),
-            "conversations": _conversations(conn, tenant, user_id),
-            "memories": _memories(conn, tenant, user_id),
-            "exchanges": _exchanges(conn, tenant, user_id),
-            "summaries": [
-                {
-                    "kind": s.kind,
-                    "subject": s.subject,
-                    "model": s.model,
-                    "text": s.text,
-                    "tokens": s.tokens,
-                    "created_at": int(s.created_at.timestamp()),
-                }
-                for s in Summaries(conn).for_user(tenant, user_id)
-            ],
-            "jobs": jobs,
-            "vectors": MessageVectors(conn).count(tenant, user_id),
-        }
 
-    return json_response(await services.db.read(work))
+async def _written(services: AppState, tenant: str, user: str, page: int) -> AsyncIterator[bytes]:
+    async with services.db.snapshot() as snapshot:
+        document = UserExport(snapshot, tenant, user, page).document(now())
+        try:
+            async for chunk in coalesced(document, FLUSH_BYTES):
+                yield chunk
+        except Exception as exc:
+            # (Re-raised: the server then ends the response without its last chunk.)
+            log.error("export_cut_short", error=str(exc))
+            raise
+
+
+async def _starting_with(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 ROUTES = [export_user]

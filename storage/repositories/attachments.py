@@ -24,6 +24,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from storage.errors import ConflictError
 from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS
 from storage.records import AttachmentRecord, ChunkRecord
+from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.summaries import Summaries
 
@@ -43,8 +44,7 @@ def new_attachment_id() -> str:
 def attachment_scope_token(tenant_id: str, attachment_pk: int) -> str:
     """The token that names an attachment in the SQLite index (64 bits of a hash: results are
     checked against the real tenant and attachment too, so a collision could only hide hits)."""
-    digest = hashlib.blake2b(f"{tenant_id}\x00{attachment_pk}".encode(), digest_size=8)
-    return "a" + digest.hexdigest()
+    return "a" + tenant_digest(tenant_id, str(attachment_pk), size=8)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,9 @@
-"""When users were erased: a replayed turn that began before its user's erasure is dropped."""
+"""When users were erased: a replayed turn that began before its user's erasure is dropped.
+
+A record names its user by `erased_user_hash`, never by the id: the id kept after the erasure
+would itself be personal data the erasure was meant to remove. The hash can still tell whether
+a given user id was erased (what the replay asks), but cannot name one.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,15 @@ from sqlalchemy import Connection, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import ERASURES
+from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import utc
 
 E = ERASURES
+
+
+def erased_user_hash(tenant_id: str, user_id: str) -> str:
+    """How an erasure record names its user (64 hex digits)."""
+    return tenant_digest(tenant_id, user_id, size=32)
 
 
 class Erasures:
@@ -30,10 +41,12 @@ class Erasures:
     def record(self, tenant_id: str, user_id: str, at: datetime) -> None:
         """Note the user's erasure (after `lock`, in the erasure's own transaction)."""
         insert = postgresql.insert if self.conn.dialect.name == "postgresql" else sqlite.insert
-        statement = insert(E).values(tenant_id=tenant_id, user_id=user_id, erased_at=at)
+        statement = insert(E).values(
+            tenant_id=tenant_id, user_hash=erased_user_hash(tenant_id, user_id), erased_at=at
+        )
         self.conn.execute(
             statement.on_conflict_do_update(
-                index_elements=[E.c.tenant_id, E.c.user_id],
+                index_elements=[E.c.tenant_id, E.c.user_hash],
                 set_={"erased_at": statement.excluded.erased_at},
             )
         )
@@ -41,6 +54,8 @@ class Erasures:
     def erased_since(self, tenant_id: str, user_id: str, at: datetime) -> bool:
         """Whether the user was erased at or after `at`."""
         erased = self.conn.execute(
-            select(E.c.erased_at).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
+            select(E.c.erased_at).where(
+                E.c.tenant_id == tenant_id, E.c.user_hash == erased_user_hash(tenant_id, user_id)
+            )
         ).scalar_one_or_none()
         return erased is not None and utc(erased) >= at

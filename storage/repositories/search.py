@@ -11,7 +11,6 @@ ORed: any of them may match, and the ranking rewards those that match more and r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from storage.models import CONVERSATIONS, MESSAGES
+from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import utc
 
 M = MESSAGES
@@ -33,8 +33,7 @@ _TERM = re.compile(r"^\w+$")
 def scope_token(tenant_id: str, user_id: str) -> str:
     """The token that names a tenant's user in the search index (64 bits of a hash: results
     are checked against the real tenant and user too, so a collision could only hide hits)."""
-    digest = hashlib.blake2b(f"{tenant_id}\x00{user_id}".encode(), digest_size=8).hexdigest()
-    return "u" + digest
+    return "u" + tenant_digest(tenant_id, user_id, size=8)
 
 
 def searchable_text(role: str, content: Any) -> str | None:

@@ -92,13 +92,14 @@ class Summaries:
         ).first()
         return _record(row) if row else None
 
-    def for_user(self, tenant_id: str, user_id: str) -> list[SummaryRecord]:
-        """Every summary made for a user (export), oldest first."""
-        rows = self.conn.execute(
-            select(*_COLUMNS)
-            .where(S.c.tenant_id == tenant_id, S.c.user_id == user_id)
-            .order_by(S.c.pk)
-        )
+    def for_user(
+        self, tenant_id: str, user_id: str, *, limit: int, after_pk: int | None = None
+    ) -> list[SummaryRecord]:
+        """The summaries made for a user, oldest first, `limit` at a time (export)."""
+        query = select(*_COLUMNS).where(S.c.tenant_id == tenant_id, S.c.user_id == user_id)
+        if after_pk is not None:
+            query = query.where(S.c.pk > after_pk)
+        rows = self.conn.execute(query.order_by(S.c.pk).limit(limit))
         return [_record(r) for r in rows]
 
     def delete_subjects(self, tenant_id: str, subjects: Sequence[str]) -> int:

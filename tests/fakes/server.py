@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from types import TracebackType
@@ -12,9 +13,12 @@ import uvicorn
 
 
 class ServerThread:
-    """`with ServerThread(app) as server: server.url` -> a live HTTP server on a free port."""
+    """`with ServerThread(app) as server: server.url` -> a live HTTP server on a free port, or
+    on `sock`, a listening socket the test made (e.g. with small buffers)."""
 
-    def __init__(self, app: Any, *, port: int = 0, **uvicorn_options: Any) -> None:
+    def __init__(
+        self, app: Any, *, port: int = 0, sock: socket.socket | None = None, **uvicorn_options: Any
+    ) -> None:
         options = {"log_level": "warning", "access_log": False, "lifespan": "auto"}
         options.update(uvicorn_options)
         self.config = uvicorn.Config(app, host="127.0.0.1", port=port, **options)
@@ -22,11 +26,12 @@ class ServerThread:
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.port = port
+        self.sock = sock
         self.error: BaseException | None = None
 
     def _run(self) -> None:
         try:
-            asyncio.run(self.server.serve())
+            asyncio.run(self.server.serve([self.sock] if self.sock else None))
         except BaseException as exc:  # reported to the test thread in start()
             self.error = exc
 

@@ -158,6 +158,11 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
         assert spill.stat().st_size > 0
         assert metric(base, "memproxy_memory_degraded_requests_total", 'reason="unavailable"') == 3
         assert await ready(base) == 503
+        # The export decides its status before it streams: an error, not a cut-off document.
+        async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
+            export = await http.get(f"{base}/memory/users/u1/export")
+        assert export.status_code == 503
+        assert export.json()["error"]["code"] == "service_unavailable"
 
         # A tenant that does not fail open is refused, and its upstream never called.
         calls = len(fake.chat_requests)
