@@ -239,7 +239,8 @@ class MemorySettings(_Strict):
     embedding_model: str = Field("text-embedding-3-small", min_length=1, max_length=128)
     embedding_upstream: str | None = None
     embedding_timeout_ms: int = Field(300, gt=0)
-    # How much vector hits weigh against full-text hits when their ranks are fused, and how
+    # How much vector hits weigh against full-text hits when their scores are fused (the best
+    # vector hit counts this much of the best full-text hit; policies/fusion.py), and how
     # similar (cosine) a stored message must be to count as a vector hit at all.
     embedding_weight: float = Field(1.0, ge=0)
     embedding_min_similarity: float = Field(0.2, ge=-1, le=1)

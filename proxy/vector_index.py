@@ -205,7 +205,7 @@ class SemanticQuery:
     index: VectorIndex
     model: str
     vector: Sequence[float]
-    weight: float = 1.0  # against the full-text ranking, when the two are fused
+    weight: float = 1.0  # against the full-text scores, when the two are fused
     min_similarity: float = -1.0
 
     def nearest(
