@@ -18,7 +18,7 @@ recall time with all five conversations stored for one user, and with ten times 
     .venv/bin/python bench/recall_locomo.py [--json figures.json] [--quick]
         [--embeddings off|local|upstream]
 
-`--embeddings local` measures hybrid recall (full-text + all-MiniLM-L6-v2, fused by rank); it
+`--embeddings local` measures hybrid recall (full-text + all-MiniLM-L6-v2, fused by score); it
 needs the optional extra `local-embeddings` (torch: use a separate virtualenv), and waits for
 the background jobs to embed what was imported before asking. `--embeddings upstream` asks
 the fake upstream for hashed-bag-of-words vectors: meaningless for recall, but it measures
