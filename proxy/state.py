@@ -33,6 +33,8 @@ from proxy.upstream.resilient import ResilientUpstream
 from proxy.vector_index import VectorIndex
 from storage.database import Database
 
+EXPORTS_AT_ONCE = 2
+
 
 @dataclass
 class AppState:
@@ -58,6 +60,8 @@ class AppState:
     # Recall's vectors (None while no tenant has embeddings on: numpy is then not needed).
     vectors: VectorIndex | None = None
     upstreams: dict[str, Upstream] = field(default_factory=dict)
+    # User exports reading the database at once (each holds a connection while it reads).
+    exports: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(EXPORTS_AT_ONCE))
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def upstream_for(self, principal: Principal) -> Upstream:

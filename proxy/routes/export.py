@@ -3,23 +3,26 @@ tenant, read in one consistent snapshot: conversations with their messages and a
 (with their text), memories, exchange records, summaries and background jobs. Vectors are
 derived from the messages and are counted, not dumped.
 
-The answer is one JSON document, streamed: it is written page by page as the pages are read
-(each page one unit of work in a snapshot held for the whole export, so the event loop is free
-between pages), so the memory it takes is bounded by a page, not by the user's history. The
-first page is read before the response starts: a database that cannot be read is the usual
-error, with its status. A failure after that can only cut the response short (the chunked body
-never ends), never pass a truncated document off as whole.
+The answer is one JSON document. It is written page by page as the pages are read (each page
+one unit of work in a snapshot held while the document is written, so the event loop is free
+between pages) into a temporary file, which is then streamed: memory is bounded by a page, not
+by the user's history, and the snapshot (a database connection, on PostgreSQL a transaction) is
+held for as long as the database takes to read, never for as long as a slow client takes to
+download. Everything is read before the response starts, so a database that cannot be read is
+the usual error with its status, never a document cut short. At most `EXPORTS_AT_ONCE` exports
+of a process read at once (`AppState.exports`); others wait their turn without a connection.
 """
 
 from __future__ import annotations
 
+import asyncio
+import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import msgspec
-import structlog
 from litestar import MediaType, Response, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
@@ -52,12 +55,10 @@ from storage.repositories.memories import Memories
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
-log = structlog.get_logger("memproxy.export")
-
 R = TypeVar("R")
 # An attachment's text may be far larger than a message: fewer of them to a page.
 ATTACHMENTS_PER_PAGE = 10
-# Pieces of the document are sent in writes of about this size, not one write per piece.
+# The document is written (to its spool, then to the client) in pieces of about this size.
 FLUSH_BYTES = 64 * 1024
 
 encode = msgspec.json.encode
@@ -227,29 +228,31 @@ async def export_user(
     user_param(user_id, "user_id")
     await services.deferred.settle()  # (mode-off records written in batches)
     page = services.config.server.export_page_rows
-    written = _written(services, principal.tenant_id, user_id, page)
-    # The first write needs the first page read (the head alone is far below FLUSH_BYTES), so
-    # a database that cannot be read fails here, answered with its own status.
-    first = await anext(written)
-    return Stream(_starting_with(first, written), media_type=MediaType.JSON)
+    spool = await _spooled(services, principal.tenant_id, user_id, page)
+    return Stream(_sent(spool), media_type=MediaType.JSON)
 
 
-async def _written(services: AppState, tenant: str, user: str, page: int) -> AsyncIterator[bytes]:
-    async with services.db.snapshot() as snapshot:
-        document = UserExport(snapshot, tenant, user, page).document(now())
-        try:
+async def _spooled(services: AppState, tenant: str, user: str, page: int) -> BinaryIO:
+    """The user's export written to an anonymous temporary file (gone once closed), rewound."""
+    spool = await asyncio.to_thread(tempfile.TemporaryFile)
+    try:
+        async with services.exports, services.db.snapshot() as snapshot:
+            document = UserExport(snapshot, tenant, user, page).document(now())
             async for chunk in coalesced(document, FLUSH_BYTES):
-                yield chunk
-        except Exception as exc:
-            # (Re-raised: the server then ends the response without its last chunk.)
-            log.error("export_cut_short", error=str(exc))
-            raise
+                await asyncio.to_thread(spool.write, chunk)
+        await asyncio.to_thread(spool.seek, 0)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
 
 
-async def _starting_with(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for chunk in rest:
-        yield chunk
+async def _sent(spool: BinaryIO) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await asyncio.to_thread(spool.read, FLUSH_BYTES):
+            yield chunk
+    finally:
+        spool.close()
 
 
 ROUTES = [export_user]

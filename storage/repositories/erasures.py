@@ -2,7 +2,8 @@
 
 A record names its user by `erased_user_hash`, never by the id: the id kept after the erasure
 would itself be personal data the erasure was meant to remove. The hash can still tell whether
-a given user id was erased (what the replay asks), but cannot name one.
+a given user id was erased (what the replay asks), and the table lists none. It is not keyed:
+whoever holds the database can test a guessed id against it (pseudonymised, not anonymous).
 """
 
 from __future__ import annotations
