@@ -10,6 +10,7 @@ once, without trying the database, until a trial or a replay finds it taking wri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -99,6 +100,15 @@ async def stored(base_url: str, conversation: str = "c1") -> list[tuple[str, str
             return []
         assert got.status_code == 200, got.text
         return [(m["role"], m["content"], m["status"]) for m in got.json()["data"]]
+
+
+def exchanged(texts: list[str], replies: list[str]) -> list[tuple[str, str, str]]:
+    """A conversation of these turns and replies, each stored complete, as `stored` reads it."""
+    return [
+        message
+        for text, reply in zip(texts, replies, strict=True)
+        for message in (("user", text, "complete"), ("assistant", reply, "complete"))
+    ]
 
 
 async def has(
@@ -219,10 +229,8 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
         assert headers["x-memory-history-messages"] == "8"
         replies.append(reply)
 
-    expected = []
-    for n, reply in enumerate(replies, 1):
-        expected += [("user", f"turn {n}", "complete"), ("assistant", reply, "complete")]
-    assert await stored(base) == expected
+    texts = [f"turn {n}" for n in range(1, len(replies) + 1)]
+    assert await stored(base) == exchanged(texts, replies)
     assert not await asyncio.to_thread(spill.exists)
     replayed = 'result="replayed"'
     assert metric(base, "memproxy_spill_replayed_requests_total", replayed) == 4  # + frugal's
@@ -232,26 +240,36 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
     assert await ready(base) == 200
 
 
-def hold_sqlite(path: Path) -> sqlite3.Connection:
-    """Another process's write lock on the file: our writes wait for it (busy_timeout)."""
+def on_sqlite(upstream_url: str, tmp_path: Path, **server: Any) -> tuple[Config, Path, Path]:
+    """`config` on a SQLite file: (the config, its spill, its database file)."""
+    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
+    return config(upstream_url, f"sqlite+aiosqlite:///{db}", spill, **server), spill, db
+
+
+@contextlib.contextmanager
+def sqlite_locked(path: Path) -> Iterator[None]:
+    """Another process's write lock on the file while in the block: our writes wait for it
+    (busy_timeout)."""
     holder = sqlite3.connect(path, isolation_level=None, timeout=1)
     holder.execute("BEGIN IMMEDIATE")
-    return holder
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 async def test_a_slow_database_degrades_at_the_timeout_and_a_full_spill_is_a_503(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
     fake, upstream_url = fake_upstream
-    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
     # Room for one turn of about 1,500 bytes and its outcome, not for a second turn.
-    settings = config(upstream_url, f"sqlite+aiosqlite:///{db}", spill, spill_max_bytes=2500)
+    settings, spill, db = on_sqlite(upstream_url, tmp_path, spill_max_bytes=2500)
     base = serve_proxy(settings)
     async with sdk(base) as client:
         before, _ = await say(client, "before")
         await eventually(lambda: has(base, 2))  # (its reply is written after the response)
-        holder = hold_sqlite(db)
-        try:
+        with sqlite_locked(db):
             reply, headers = await say(client, "slow " + "x" * 1500)
             assert headers["x-memory-status"] == "degraded"
             assert metric(base, "memproxy_memory_degraded_requests_total", 'reason="timeout"') == 1
@@ -262,9 +280,6 @@ async def test_a_slow_database_degrades_at_the_timeout_and_a_full_spill_is_a_503
             assert refused.value.response.json()["error"]["code"] == "memory_spill_full"
             assert refused.value.response.headers["retry-after"] == "5"
             assert len(fake.chat_requests) == calls  # the upstream was never asked
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
 
         # The turn that timed out was written once the lock went (its write was queued), and
         # the replay only adds its reply; the refused one was never stored.
@@ -285,20 +300,15 @@ async def test_erasing_a_user_removes_their_spilled_turns(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
     _, upstream_url = fake_upstream
-    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
     # No replay while the test runs: only the next start-up's.
-    settings = config(upstream_url, f"sqlite+aiosqlite:///{db}", spill, spill_replay_seconds=3600)
+    settings, spill, db = on_sqlite(upstream_url, tmp_path, spill_replay_seconds=3600)
     base = serve_proxy(settings)
     async with sdk(base) as client:
         await say(client, "kept apart", "other")
         await eventually(lambda: has(base, 2, conversation="other"))
-        holder = hold_sqlite(db)
-        try:
+        with sqlite_locked(db):
             _, headers = await say(client, "forget me")
             assert headers["x-memory-status"] == "degraded"
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         kinds = [json.loads(line)["kind"] for line in spill.read_bytes().splitlines()]
         assert kinds == ["turn", "outcome"]
         assert b"forget me" in spill.read_bytes()
@@ -324,11 +334,9 @@ async def test_a_slow_database_opens_the_storage_circuit_until_a_trial_finds_it_
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
     fake, upstream_url = fake_upstream
-    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
-    settings = config(
+    settings, _, db = on_sqlite(
         upstream_url,
-        f"sqlite+aiosqlite:///{db}",
-        spill,
+        tmp_path,
         storage_timeout_ms=800,
         storage_breaker_threshold=2,
         storage_breaker_open_seconds=1,
@@ -345,8 +353,7 @@ async def test_a_slow_database_opens_the_storage_circuit_until_a_trial_finds_it_
             reply, _ = await say(client, "before")
             replies.append(reply)
             await eventually(lambda: has(base, 2))  # (its reply is written after the response)
-            holder = hold_sqlite(db)
-            try:
+            with sqlite_locked(db):
                 # Two slow turns in a row open the circuit. (Of two users: a second turn of u1
                 # would first try to replay its first, and that replay, left waiting for the
                 # lock, would close the circuit as soon as the lock goes, before any trial.)
@@ -386,9 +393,6 @@ async def test_a_slow_database_opens_the_storage_circuit_until_a_trial_finds_it_
                 assert headers["x-memory-status"] == "degraded"
                 replies.append(reply)
                 assert (count("circuit_open"), count("timeout")) == (3, 3)
-            finally:
-                holder.execute("ROLLBACK")
-                holder.close()
 
             # The next trial finds the database back: u1's spilled turns go in first, in
             # order, then the new one, which sees them all as history.
@@ -401,10 +405,7 @@ async def test_a_slow_database_opens_the_storage_circuit_until_a_trial_finds_it_
             assert metric(base, "memproxy_storage_circuit_open", "") == 0
             assert count("circuit_open") == 3
             await eventually(lambda: has(base, 12))
-    expected = []
-    for text, reply in zip(texts, replies, strict=True):
-        expected += [("user", text, "complete"), ("assistant", reply, "complete")]
-    assert await stored(base) == expected
+    assert await stored(base) == exchanged(texts, replies)
     # The circuit's changes are logged once each, the turns it turned away not at all.
     assert circuit_log(logs) == [
         ("open", "failures"),
@@ -419,11 +420,9 @@ async def test_a_replay_that_stores_closes_the_storage_circuit_before_its_time(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
     _, upstream_url = fake_upstream
-    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
-    settings = config(
+    settings, spill, db = on_sqlite(
         upstream_url,
-        f"sqlite+aiosqlite:///{db}",
-        spill,
+        tmp_path,
         storage_breaker_threshold=1,
         storage_breaker_open_seconds=3600,  # no trial while the test runs
     )
@@ -433,24 +432,17 @@ async def test_a_replay_that_stores_closes_the_storage_circuit_before_its_time(
         reply, _ = await say(client, "before")
         replies.append(reply)
         await eventually(lambda: has(base, 2))
-        holder = hold_sqlite(db)
-        try:
+        with sqlite_locked(db):
             for n in (1, 2):
                 reply, headers = await say(client, f"turn {n}")
                 assert headers["x-memory-status"] == "degraded"
                 replies.append(reply)
             reasons = ('reason="timeout"', 'reason="circuit_open"')
             assert [metric(base, DEGRADED, reason) for reason in reasons] == [1, 1]
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         # The periodic replay stores the spilled turns, and that closes the circuit.
         await eventually(circuit_is(base, "closed"), what="the replay did not close it")
         reply, headers = await say(client, "turn 3")
         assert headers["x-memory-status"] == "ok"
         replies.append(reply)
         await eventually(lambda: has(base, 8, spill))
-    expected = []
-    for text, reply in zip(["before", "turn 1", "turn 2", "turn 3"], replies, strict=True):
-        expected += [("user", text, "complete"), ("assistant", reply, "complete")]
-    assert await stored(base) == expected
+    assert await stored(base) == exchanged(["before", "turn 1", "turn 2", "turn 3"], replies)
