@@ -1,5 +1,6 @@
 """When to try an upstream call again, how long to wait, and when to stop calling an upstream
-that keeps failing (a circuit breaker). Plain decisions: the clock is passed in.
+(or the database) that keeps failing (a circuit breaker). Plain decisions: the clock is passed
+in.
 
 - **Retries** (`retry_delay`): only what failed before anything reached the client: a call
   that could not connect, or a response head with a status worth retrying (408, 409, 429 and
@@ -11,6 +12,9 @@ that keeps failing (a circuit breaker). Plain decisions: the clock is passed in.
   a timeout, a 5xx other than 501) the upstream is *open*: calls fail at once for
   `open_seconds`; then one trial call goes through (*half-open*), and its outcome closes or
   reopens the circuit. A success closes it; a 4xx counts as a success (the upstream answered).
+  What counts as a failure is the caller's to say: the upstreams' (`is_failure`) in
+  proxy/upstream/resilient.py, storage's (unreachable, too slow) in proxy/storage_circuit.py,
+  which also closes the circuit early (`close`) when its own work shows the database is back.
 """
 
 from __future__ import annotations
@@ -109,8 +113,9 @@ class CircuitBreaker:
     def record(self, now: float, *, failed: bool, trial: bool = False) -> None:
         """The outcome of an admitted call (`trial`: the one `admit` said was the trial). The
         trial decides a half-open circuit; calls admitted while it was closed count only
-        while it still is (a late answer does not decide an open one)."""
-        if trial:
+        while it still is (a late answer does not decide an open one). A trial whose circuit
+        was closed meanwhile (`close`) counts as any other call."""
+        if trial and self.trial:
             self.trial = False
             if failed:
                 self.opened_at = now  # open again
@@ -125,6 +130,11 @@ class CircuitBreaker:
         self.failures += 1
         if self.failures >= self.threshold:
             self.opened_at = now
+
+    def close(self) -> None:
+        """Closed at once, on evidence from outside the breaker's calls that the service is
+        back (e.g. other work that succeeded): the failure count starts again."""
+        self.failures, self.opened_at, self.trial = 0, None, False
 
     def abandon(self, *, trial: bool) -> None:
         """An admitted call that ended with no outcome (cancelled): a trial may be tried again."""

@@ -42,6 +42,7 @@ from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.spill import SpillFile
 from proxy.state import AppState, new_http_client
+from proxy.storage_circuit import StorageCircuit
 from storage import migrate
 from storage.database import Database
 
@@ -86,9 +87,13 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
         maintenance = Maintenance(db, config)
         server = config.server
         spill = SpillFile(server.spill_path, server.spill_max_bytes)
+        circuit = StorageCircuit(
+            server.storage_breaker_threshold, server.storage_breaker_open_seconds
+        )
         try:
             await limits.start()  # knows today's spend before the first request
             pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
+            metrics.storage_circuit_open.set_function(lambda: float(circuit.state() != "closed"))
             async with new_http_client() as http:
                 jobs = JobRunner(
                     db,
@@ -105,7 +110,9 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
                     keys=parts.keys,
                     http=http,
                     db=db,
-                    memory=ConversationMemory(db, timeout=server.storage_timeout_ms / 1000),
+                    memory=ConversationMemory(
+                        db, timeout=server.storage_timeout_ms / 1000, circuit=circuit
+                    ),
                     deferred=DeferredExchanges(db, spill),
                     catalog=catalog,
                     pricer=pricer,

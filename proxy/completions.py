@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from dataclasses import dataclass, replace
@@ -42,6 +41,7 @@ from proxy.replay import spilled_outcome, spilled_turn
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
+from proxy.storage_circuit import StorageCircuitOpen
 from proxy.summaries import summarize_history
 from proxy.vector_index import SemanticQuery
 from storage.errors import StorageError, StorageTimeout, StorageUnavailable
@@ -494,11 +494,14 @@ class ChatExchange:
             return
         if not services.spill.holds(tenant_id, user_id):
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(services.memory.timeout):
-                if await replayer.catch_up(tenant_id, user_id):
-                    return
-        raise StorageUnavailable("earlier turns of this user still wait in the spill")
+
+        async def caught_up() -> None:
+            if not await replayer.catch_up(tenant_id, user_id):
+                raise StorageUnavailable("earlier turns of this user still wait in the spill")
+
+        # Storage on the request path like the turn's own: bounded, and not tried at all
+        # while the storage circuit is open.
+        await services.memory.in_time(caught_up())
 
     async def _degrade(self, error: StorageError) -> None:
         """Storage failed (or was too slow for) the turn: answer without memory and keep the
@@ -506,6 +509,8 @@ class ChatExchange:
         the tenant says `fail_open: false` or the spill is full."""
         tenant_id, services = self.principal.tenant_id, self.services
         reason = "timeout" if isinstance(error, StorageTimeout) else "unavailable"
+        if isinstance(error, StorageCircuitOpen):
+            reason = "circuit_open"  # (not tried: the circuit logs its opening, not each request)
         if not self.principal.tenant.fail_open:
             raise ServiceUnavailable(
                 "Memory storage is unavailable.", code="memory_unavailable"
@@ -540,7 +545,10 @@ class ChatExchange:
         self.spilled = True
         self.degraded = True
         services.metrics.degraded.labels(tenant_id, reason).inc()
-        log.warning("memory_degraded", request_id=self.request_id, reason=reason, error=str(error))
+        if reason != "circuit_open":
+            log.warning(
+                "memory_degraded", request_id=self.request_id, reason=reason, error=str(error)
+            )
 
     def _embed_question(self) -> None:
         """Start embedding the newest user message when recall will want it (the tenant has

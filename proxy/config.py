@@ -90,6 +90,12 @@ class ServerConfig(_Strict):
     spill_path: str = "./memproxy-spill.jsonl"
     spill_max_bytes: int = Field(64 * 2**20, ge=0)
     spill_replay_seconds: float = Field(5.0, gt=0)
+    # After this many storage failures or timeouts in a row, requests are degraded at once,
+    # without trying the database (reason `circuit_open`), for `storage_breaker_open_seconds`;
+    # then one request tries it, and its success, or a spill replay that stores, closes the
+    # circuit. 0: no breaker, every request tries (and may wait `storage_timeout_ms`).
+    storage_breaker_threshold: int = Field(5, ge=0)
+    storage_breaker_open_seconds: float = Field(5.0, gt=0)
     # GET /v1/memory/users/{id}/export reads and sends the user's rows this many at a time
     # (attachments, whose text may be large, at most 10): what one export holds in memory.
     export_page_rows: int = Field(500, ge=1)

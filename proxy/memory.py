@@ -38,6 +38,7 @@ from proxy.config import ContextSettings
 from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
 from proxy.errors import NotFound, Unprocessable
 from proxy.requests import parse_timestamp
+from proxy.storage_circuit import StorageCircuit, StorageCircuitOpen
 from storage.database import Database
 from storage.errors import ConflictError, StaleConversation, StorageTimeout
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
@@ -254,10 +255,13 @@ class ConversationMemory:
         *,
         reply_after_response: bool | None = None,
         timeout: float | None = None,
+        circuit: StorageCircuit | None = None,
     ) -> None:
         self.db = db
         # Storing a turn or a reply (waiting for the database) may take this long, at most.
         self.timeout = timeout
+        # Storage that keeps failing or timing out is not tried for a while (default: always).
+        self.circuit = circuit or StorageCircuit(0, 0)
         self.reply_after_response = (
             db.is_sqlite if reply_after_response is None else reply_after_response
         )
@@ -367,13 +371,20 @@ class ConversationMemory:
         raise AssertionError("unreachable")
 
     async def in_time(self, work: Coroutine[Any, Any, T]) -> T:
-        """`work` (waiting for the database), or StorageTimeout after `timeout`. On SQLite
+        """`work` (waiting for the database), or StorageTimeout after `timeout`; while the
+        storage circuit is open, StorageCircuitOpen at once, `work` not started. On SQLite
         a write already handed to the writer thread may still land later: the spill's replay
         finds it recorded and does not store it twice."""
         try:
-            return await asyncio.wait_for(work, self.timeout)
-        except TimeoutError as exc:
-            raise StorageTimeout(f"storage took longer than {self.timeout:g} s") from exc
+            trial = self.circuit.admit()
+        except StorageCircuitOpen:
+            work.close()  # (never started)
+            raise
+        with self.circuit.outcome(trial=trial):
+            try:
+                return await asyncio.wait_for(work, self.timeout)
+            except TimeoutError as exc:
+                raise StorageTimeout(f"storage took longer than {self.timeout:g} s") from exc
 
     def begin_in(
         self,

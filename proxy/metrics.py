@@ -92,8 +92,14 @@ class Metrics:
         self.degraded = Counter(
             "memproxy_memory_degraded_requests",
             "Chat completions answered without memory because storage failed, by reason "
-            "(unavailable, timeout).",
+            "(unavailable, timeout, circuit_open: not tried).",
             ["tenant", "reason"],
+            registry=r,
+        )
+        self.storage_circuit_open = Gauge(
+            "memproxy_storage_circuit_open",
+            "1 while the storage circuit breaker is open or half-open (requests are answered "
+            "degraded without trying the database, but for one trial), else 0.",
             registry=r,
         )
         self.spill_refused = Counter(

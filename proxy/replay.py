@@ -252,6 +252,10 @@ class SpillReplayer:
                 except Exception as exc:
                     await self.spill.dead_letter(request.entries(), repr(exc))
                     result = "failed"
+                else:
+                    # The database took a write: requests need not wait out the storage
+                    # circuit (a ping alone does not say so: a held lock lets reads through).
+                    self.memory.circuit.close(by="spill_replay")
                 self._failures.pop(request.key, None)
                 counts[result] = counts.get(result, 0) + 1
                 self.metrics.spill_replayed.labels(result).inc()

@@ -22,11 +22,16 @@ async def healthz() -> dict[str, Any]:
 
 @get("/readyz", summary="Readiness: the database answers")
 async def readyz(services: NamedDependency[AppState]) -> Response[dict[str, Any]]:
+    """503 while the database does not answer. The storage circuit is reported, not judged:
+    open, this replica answers degraded at once, as it should; and the replicas of one
+    database open theirs together, so a 503 for it would have a load balancer pull them all."""
+    circuit = services.memory.circuit.state()
     try:
         await services.db.ping()
     except StorageError as exc:
-        return Response({"status": "unavailable", "database": str(exc)[:200]}, status_code=503)
-    return Response({"status": "ok", "database": "ok"})
+        body = {"status": "unavailable", "database": str(exc)[:200], "storage_circuit": circuit}
+        return Response(body, status_code=503)
+    return Response({"status": "ok", "database": "ok", "storage_circuit": circuit})
 
 
 @get("/metrics", summary="Prometheus metrics")

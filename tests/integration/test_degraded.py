@@ -3,11 +3,14 @@ SQLite file another process holds), chat requests are still answered with
 `x-memory-status: degraded`, what they would have stored waits in the spill, and once the
 database is back the spill's replay stores each turn and reply exactly once, in order. A tenant
 with `fail_open: false` gets 503s, a full spill turns degradation into 503s, limits keep being
-enforced from the last counts, and erasing a user removes their spilled turns."""
+enforced from the last counts, and erasing a user removes their spilled turns. After
+`storage_breaker_threshold` failures in a row the storage circuit opens: turns are degraded at
+once, without trying the database, until a trial or a replay finds it taking writes again."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -18,6 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from structlog.testing import capture_logs
 
 from proxy.config import (
     Config,
@@ -66,10 +70,15 @@ def sdk(base_url: str, key: str = OPEN) -> openai.AsyncOpenAI:
 
 
 async def say(
-    client: openai.AsyncOpenAI, text: str, conversation: str = "c1", *, stream: bool = False
+    client: openai.AsyncOpenAI,
+    text: str,
+    conversation: str = "c1",
+    *,
+    stream: bool = False,
+    user: str = "u1",
 ) -> tuple[str, httpx.Headers]:
-    """One turn of user `u1` in `conversation`; the reply's text and the response headers."""
-    headers = {"X-Memory-User-Id": "u1", "X-Memory-Conversation-Id": conversation}
+    """One turn of `user` in `conversation`; the reply's text and the response headers."""
+    headers = {"X-Memory-User-Id": user, "X-Memory-Conversation-Id": conversation}
     messages: Any = [{"role": "user", "content": text}]
     if not stream:
         raw = await client.chat.completions.with_raw_response.create(
@@ -93,6 +102,15 @@ async def stored(base_url: str, conversation: str = "c1") -> list[tuple[str, str
         return [(m["role"], m["content"], m["status"]) for m in got.json()["data"]]
 
 
+def exchanged(texts: list[str], replies: list[str]) -> list[tuple[str, str, str]]:
+    """A conversation of these turns and replies, each stored complete, as `stored` reads it."""
+    return [
+        message
+        for text, reply in zip(texts, replies, strict=True)
+        for message in (("user", text, "complete"), ("assistant", reply, "complete"))
+    ]
+
+
 async def has(
     base_url: str, count: int, spill: Path | None = None, conversation: str = "c1"
 ) -> bool:
@@ -101,25 +119,45 @@ async def has(
     return done and len(await stored(base_url, conversation)) == count
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 30.0) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool]],
+    seconds: float = 30.0,
+    what: str = "the spill was not replayed in time",
+) -> None:
     deadline = time.monotonic() + seconds
     while not await check():
-        assert time.monotonic() < deadline, "the spill was not replayed in time"
+        assert time.monotonic() < deadline, what
         await asyncio.sleep(0.1)
 
 
-async def ready(base_url: str) -> int:
+async def readiness(base_url: str) -> tuple[int, dict[str, Any]]:
     async with httpx.AsyncClient() as http:
-        return (await http.get(base_url.removesuffix("/v1") + "/readyz")).status_code
+        answer = await http.get(base_url.removesuffix("/v1") + "/readyz")
+        return answer.status_code, answer.json()
+
+
+async def ready(base_url: str) -> int:
+    return (await readiness(base_url))[0]
+
+
+def circuit_is(base_url: str, state: str) -> Callable[[], Awaitable[bool]]:
+    """A check that /readyz reports the storage circuit in `state` (and stays ready)."""
+
+    async def check() -> bool:
+        status, body = await readiness(base_url)
+        assert status == 200, body  # an open circuit never makes a replica unready
+        return body["storage_circuit"] == state
+
+    return check
 
 
 def metric(base_url: str, name: str, label: str) -> float:
-    """The sum of `name`'s samples that carry `label` (e.g. `reason="timeout"`)."""
+    """The sum of `name`'s samples that carry `label` (e.g. `reason="timeout"`; "": all)."""
     text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith(name + "{") and label in line
+        if line.startswith((name + "{", name + " ")) and label in line
     )
 
 
@@ -143,7 +181,11 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
     spill = tmp_path / "spill.jsonl"
     url = own_postgres.url(own_postgres.create_database())
     # No periodic replay: the first turn after the outage has to bring the spill in itself.
-    base = serve_proxy(config(upstream_url, url, spill, spill_replay_seconds=3600))
+    # No storage circuit: every turn here tries the database (its own tests are below).
+    settings = config(
+        upstream_url, url, spill, spill_replay_seconds=3600, storage_breaker_threshold=0
+    )
+    base = serve_proxy(settings)
     async with sdk(base) as client, sdk(base, CLOSED) as closed, sdk(base, FRUGAL) as frugal:
         first, headers = await say(client, "turn 1")
         assert headers["x-memory-status"] == "ok"
@@ -187,10 +229,8 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
         assert headers["x-memory-history-messages"] == "8"
         replies.append(reply)
 
-    expected = []
-    for n, reply in enumerate(replies, 1):
-        expected += [("user", f"turn {n}", "complete"), ("assistant", reply, "complete")]
-    assert await stored(base) == expected
+    texts = [f"turn {n}" for n in range(1, len(replies) + 1)]
+    assert await stored(base) == exchanged(texts, replies)
     assert not await asyncio.to_thread(spill.exists)
     replayed = 'result="replayed"'
     assert metric(base, "memproxy_spill_replayed_requests_total", replayed) == 4  # + frugal's
@@ -200,26 +240,36 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
     assert await ready(base) == 200
 
 
-def hold_sqlite(path: Path) -> sqlite3.Connection:
-    """Another process's write lock on the file: our writes wait for it (busy_timeout)."""
+def on_sqlite(upstream_url: str, tmp_path: Path, **server: Any) -> tuple[Config, Path, Path]:
+    """`config` on a SQLite file: (the config, its spill, its database file)."""
+    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
+    return config(upstream_url, f"sqlite+aiosqlite:///{db}", spill, **server), spill, db
+
+
+@contextlib.contextmanager
+def sqlite_locked(path: Path) -> Iterator[None]:
+    """Another process's write lock on the file while in the block: our writes wait for it
+    (busy_timeout)."""
     holder = sqlite3.connect(path, isolation_level=None, timeout=1)
     holder.execute("BEGIN IMMEDIATE")
-    return holder
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 async def test_a_slow_database_degrades_at_the_timeout_and_a_full_spill_is_a_503(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
     fake, upstream_url = fake_upstream
-    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
     # Room for one turn of about 1,500 bytes and its outcome, not for a second turn.
-    settings = config(upstream_url, f"sqlite+aiosqlite:///{db}", spill, spill_max_bytes=2500)
+    settings, spill, db = on_sqlite(upstream_url, tmp_path, spill_max_bytes=2500)
     base = serve_proxy(settings)
     async with sdk(base) as client:
         before, _ = await say(client, "before")
         await eventually(lambda: has(base, 2))  # (its reply is written after the response)
-        holder = hold_sqlite(db)
-        try:
+        with sqlite_locked(db):
             reply, headers = await say(client, "slow " + "x" * 1500)
             assert headers["x-memory-status"] == "degraded"
             assert metric(base, "memproxy_memory_degraded_requests_total", 'reason="timeout"') == 1
@@ -230,9 +280,6 @@ async def test_a_slow_database_degrades_at_the_timeout_and_a_full_spill_is_a_503
             assert refused.value.response.json()["error"]["code"] == "memory_spill_full"
             assert refused.value.response.headers["retry-after"] == "5"
             assert len(fake.chat_requests) == calls  # the upstream was never asked
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
 
         # The turn that timed out was written once the lock went (its write was queued), and
         # the replay only adds its reply; the refused one was never stored.
@@ -253,20 +300,15 @@ async def test_erasing_a_user_removes_their_spilled_turns(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
     _, upstream_url = fake_upstream
-    spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
     # No replay while the test runs: only the next start-up's.
-    settings = config(upstream_url, f"sqlite+aiosqlite:///{db}", spill, spill_replay_seconds=3600)
+    settings, spill, db = on_sqlite(upstream_url, tmp_path, spill_replay_seconds=3600)
     base = serve_proxy(settings)
     async with sdk(base) as client:
         await say(client, "kept apart", "other")
         await eventually(lambda: has(base, 2, conversation="other"))
-        holder = hold_sqlite(db)
-        try:
+        with sqlite_locked(db):
             _, headers = await say(client, "forget me")
             assert headers["x-memory-status"] == "degraded"
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         kinds = [json.loads(line)["kind"] for line in spill.read_bytes().splitlines()]
         assert kinds == ["turn", "outcome"]
         assert b"forget me" in spill.read_bytes()
@@ -279,3 +321,128 @@ async def test_erasing_a_user_removes_their_spilled_turns(
     again = serve_proxy(settings)
     assert await stored(again) == []
     assert await stored(again, "other") == []
+
+
+DEGRADED = "memproxy_memory_degraded_requests_total"
+
+
+def circuit_log(logs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["state"], e["by"]) for e in logs if e["event"] == "storage_circuit"]
+
+
+async def test_a_slow_database_opens_the_storage_circuit_until_a_trial_finds_it_back(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
+) -> None:
+    fake, upstream_url = fake_upstream
+    settings, _, db = on_sqlite(
+        upstream_url,
+        tmp_path,
+        storage_timeout_ms=800,
+        storage_breaker_threshold=2,
+        storage_breaker_open_seconds=1,
+        spill_replay_seconds=3600,  # no replay rounds: only a turn's catch-up writes the spill
+    )
+    base = serve_proxy(settings)
+
+    def count(reason: str) -> float:
+        return metric(base, DEGRADED, f'reason="{reason}"')
+
+    texts, replies = ["before", "turn 1", "turn 2", "turn 3", "turn 4", "turn 5"], []
+    with capture_logs() as logs:
+        async with sdk(base) as client, sdk(base, CLOSED) as closed:
+            reply, _ = await say(client, "before")
+            replies.append(reply)
+            await eventually(lambda: has(base, 2))  # (its reply is written after the response)
+            with sqlite_locked(db):
+                # Two slow turns in a row open the circuit. (Of two users: a second turn of u1
+                # would first try to replay its first, and that replay, left waiting for the
+                # lock, would close the circuit as soon as the lock goes, before any trial.)
+                reply, headers = await say(client, "turn 1")
+                assert headers["x-memory-status"] == "degraded"
+                replies.append(reply)
+                _, headers = await say(client, "elsewhere", "c2", user="u2")
+                assert headers["x-memory-status"] == "degraded"
+                assert count("timeout") == 2
+                assert metric(base, "memproxy_storage_circuit_open", "") == 1
+                assert await circuit_is(base, "open")()
+
+                # Open: answered degraded at once, the database not tried (with the lock still
+                # held, a try would have timed out), the turns kept in the spill.
+                for n, stream in ((2, False), (3, True)):
+                    reply, headers = await say(client, f"turn {n}", stream=stream)
+                    assert headers["x-memory-status"] == "degraded"
+                    replies.append(reply)
+                assert (count("circuit_open"), count("timeout")) == (2, 2)
+                # A tenant that does not fail open is refused at once, its upstream not called.
+                calls = len(fake.chat_requests)
+                with pytest.raises(openai.InternalServerError) as refused:
+                    await say(closed, "not without memory", "c9")
+                assert refused.value.status_code == 503
+                assert refused.value.response.json()["error"]["code"] == "memory_unavailable"
+                assert len(fake.chat_requests) == calls
+                assert count("timeout") == 2
+
+                # After open_seconds one turn tries, and (the lock still held) fails: the
+                # circuit opens again, and the next turn is not tried.
+                await eventually(circuit_is(base, "half_open"), what="never half-open")
+                _, headers = await say(client, "the trial", "c3", user="u3")
+                assert headers["x-memory-status"] == "degraded"
+                assert count("timeout") == 3
+                assert await circuit_is(base, "open")()
+                reply, headers = await say(client, "turn 4")
+                assert headers["x-memory-status"] == "degraded"
+                replies.append(reply)
+                assert (count("circuit_open"), count("timeout")) == (3, 3)
+
+            # The next trial finds the database back: u1's spilled turns go in first, in
+            # order, then the new one, which sees them all as history.
+            await eventually(circuit_is(base, "half_open"), what="never half-open again")
+            reply, headers = await say(client, "turn 5")
+            assert headers["x-memory-status"] == "ok"
+            assert headers["x-memory-history-messages"] == "10"
+            replies.append(reply)
+            assert await circuit_is(base, "closed")()
+            assert metric(base, "memproxy_storage_circuit_open", "") == 0
+            assert count("circuit_open") == 3
+            await eventually(lambda: has(base, 12))
+    assert await stored(base) == exchanged(texts, replies)
+    # The circuit's changes are logged once each, the turns it turned away not at all.
+    assert circuit_log(logs) == [
+        ("open", "failures"),
+        ("open", "trial"),
+        ("closed", "spill_replay"),
+    ]
+    degraded = [e["reason"] for e in logs if e["event"] == "memory_degraded"]
+    assert degraded == ["timeout"] * 3
+
+
+async def test_a_replay_that_stores_closes_the_storage_circuit_before_its_time(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
+) -> None:
+    _, upstream_url = fake_upstream
+    settings, spill, db = on_sqlite(
+        upstream_url,
+        tmp_path,
+        storage_breaker_threshold=1,
+        storage_breaker_open_seconds=3600,  # no trial while the test runs
+    )
+    base = serve_proxy(settings)
+    replies = []
+    async with sdk(base) as client:
+        reply, _ = await say(client, "before")
+        replies.append(reply)
+        await eventually(lambda: has(base, 2))
+        with sqlite_locked(db):
+            for n in (1, 2):
+                reply, headers = await say(client, f"turn {n}")
+                assert headers["x-memory-status"] == "degraded"
+                replies.append(reply)
+            reasons = ('reason="timeout"', 'reason="circuit_open"')
+            assert [metric(base, DEGRADED, reason) for reason in reasons] == [1, 1]
+        # The periodic replay stores the spilled turns, and that closes the circuit.
+        await eventually(circuit_is(base, "closed"), what="the replay did not close it")
+        reply, headers = await say(client, "turn 3")
+        assert headers["x-memory-status"] == "ok"
+        replies.append(reply)
+        await eventually(lambda: has(base, 8, spill))
+    assert await stored(base) == exchanged(["before", "turn 1", "turn 2", "turn 3"], replies)

@@ -25,6 +25,8 @@ def test_shipped_config_loads_with_no_environment() -> None:
     assert demo.context.token_budget == 2000
     assert demo.memory.extract == "off"  # bare YAML `off` is the string, not false
     assert "openai" not in config.upstreams  # unused, so its missing key is no error
+    server = config.server
+    assert (server.storage_breaker_threshold, server.storage_breaker_open_seconds) == (5, 5)
 
 
 def test_defaults_merge_into_tenants_key_by_key(tmp_path: Path) -> None:
@@ -126,6 +128,14 @@ def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
             r"^upstreams\.u\.kind: ",
         ),
         ("server: {max_body_bytes: -1}\n", r"^server\.max_body_bytes: "),
+        (
+            "server: {storage_breaker_threshold: -1}\n",
+            r"^server\.storage_breaker_threshold: ",
+        ),
+        (
+            "server: {storage_breaker_open_seconds: 0}\n",
+            r"^server\.storage_breaker_open_seconds: ",
+        ),
         ("servr: {}\n", r"^servr: unknown top-level key"),
         ("tenants: [a, b]\n", r"^tenants: expected a mapping"),
         ("tenants:\n  a: {api_keys: [k]\n", r"line \d+: not valid YAML"),

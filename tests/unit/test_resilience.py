@@ -97,6 +97,29 @@ def test_only_the_trial_decides_a_half_open_circuit() -> None:
     assert breaker.admit(12.0) == (None, True)
 
 
+def test_evidence_from_outside_closes_the_circuit_at_once() -> None:
+    breaker = CircuitBreaker(threshold=2, open_seconds=10)
+    breaker.record(0.0, failed=True)
+    breaker.record(1.0, failed=True)
+    assert breaker.state(2.0) == "open"
+    breaker.close()  # (e.g. the spill's replay stored a request)
+    assert breaker.state(2.0) == "closed" and breaker.admit(2.0) == (None, False)
+    breaker.record(3.0, failed=True)  # the count started again: one failure is not two
+    assert breaker.state(3.0) == "closed"
+
+
+def test_a_trial_under_way_when_the_circuit_closes_counts_as_any_call() -> None:
+    breaker = CircuitBreaker(threshold=2, open_seconds=10)
+    breaker.record(0.0, failed=True)
+    breaker.record(0.0, failed=True)
+    assert breaker.admit(10.0) == (None, True)
+    breaker.close()
+    breaker.record(11.0, failed=True, trial=True)  # one failure of a closed circuit...
+    assert breaker.state(11.0) == "closed" and not breaker.trial
+    breaker.record(12.0, failed=True)  # ...and a second one in a row opens it
+    assert breaker.state(12.0) == "open"
+
+
 class Scripted:
     """An upstream (the seam) that raises or answers from a script, counting its calls."""
 
