@@ -17,6 +17,7 @@ import os
 import pwd
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -127,10 +128,36 @@ class PostgresServer:
         """Start it again, on the same port, after `pause`."""
         self._launch()
 
+    def freeze(self) -> None:
+        """Stop every process of the server where it stands (SIGSTOP to the postmaster and its
+        children, backends included): connections stay open and nothing answers, a database
+        hung rather than gone."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let it go on after `freeze`."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
+
+    def _processes(self) -> list[int]:
+        """The postmaster and its children (each of which is a session of its own, so not
+        reached through the postmaster's process group)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                # pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
     def stop(self) -> None:
         """Stop the server (immediately: its data is about to be deleted) and delete it all."""
         try:
             if (self.data / "postmaster.pid").exists():
+                with contextlib.suppress(OSError):
+                    self.thaw()  # (a frozen server would not hear the stop)
                 self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
         finally:
             self.remove()

@@ -3,6 +3,7 @@ no content, only counts; /metrics can ask for a key of its own (`server.metrics_
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any
 
@@ -27,7 +28,12 @@ async def readyz(services: NamedDependency[AppState]) -> Response[dict[str, Any]
     database open theirs together, so a 503 for it would have a load balancer pull them all."""
     circuit = services.memory.circuit.state()
     try:
-        await services.db.ping()
+        # Bounded like the request path's storage: a probe must answer, slow database or not.
+        async with asyncio.timeout(services.memory.timeout):
+            await services.db.ping()
+    except TimeoutError:
+        body = {"status": "unavailable", "database": "timeout", "storage_circuit": circuit}
+        return Response(body, status_code=503)
     except StorageError as exc:
         body = {"status": "unavailable", "database": str(exc)[:200], "storage_circuit": circuit}
         return Response(body, status_code=503)

@@ -240,6 +240,34 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
     assert await ready(base) == 200
 
 
+async def test_a_hung_database_is_reported_unready_within_the_timeout(
+    own_postgres: PostgresServer,
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    tmp_path: Path,
+) -> None:
+    _, upstream_url = fake_upstream
+    url = own_postgres.url(own_postgres.create_database())
+    base = serve_proxy(config(upstream_url, url, tmp_path / "spill.jsonl"))
+    assert await ready(base) == 200
+    own_postgres.freeze()
+    try:
+        # Every process of the server stopped where it stood: nothing answers, nothing is
+        # refused. The probe still answers, while the database is hung.
+        status, body = await readiness(base)
+        async with sdk(base) as client:
+            _, headers = await say(client, "said to a hung database")
+    finally:
+        own_postgres.thaw()
+    assert (status, body["database"]) == (503, "timeout")
+    assert headers["x-memory-status"] == "degraded"
+    await eventually(lambda: _ready_again(base), what="not ready once the database went on")
+
+
+async def _ready_again(base_url: str) -> bool:
+    return await ready(base_url) == 200
+
+
 def on_sqlite(upstream_url: str, tmp_path: Path, **server: Any) -> tuple[Config, Path, Path]:
     """`config` on a SQLite file: (the config, its spill, its database file)."""
     spill, db = tmp_path / "spill.jsonl", tmp_path / "memproxy.db"
