@@ -28,7 +28,7 @@ from policies.intent import Intent
 from policies.pricing import ZERO, Usage
 from policies.tokens import count_message, count_messages, message_text, upper_bound_tokens
 from proxy.access import request_info
-from proxy.artifacts import NOTHING_ATTACHED, Attached, parse_inline
+from proxy.artifacts import NOTHING_ATTACHED, Attached
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
 from proxy.embeddings import EMBED_CHARS, Vector
@@ -39,6 +39,7 @@ from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
 from proxy.replay import spilled_outcome, spilled_turn
+from proxy.requests import parse_inline
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
