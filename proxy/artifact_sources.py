@@ -36,6 +36,9 @@ class Sources:
     tools: Sequence[MessageRecord]
 
 
+NO_SOURCES = Sources([], [], {}, [])
+
+
 def content_hash(text: str) -> str:
     """What a document's text is known by (as its stored attachment records it)."""
     return hashlib.sha256(text.encode()).hexdigest()

@@ -6,7 +6,8 @@ or the conversation's (what else it summarises), and deleted with either.
 
 A summary never fails the request: a cache the database cannot serve is passed by (the summary
 is made anyway), one that cannot be stored is used now and made again next time, and one that
-cannot be made leaves its artifact out.
+cannot be made leaves its artifact out. Each wait for the database is bounded by the storage
+timeout; the summariser's call is not (it has the tenant's `attachments.timeout_ms`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from policies.artifacts import SUMMARY_KIND, Included
 from policies.memories import stem
 from policies.model_json import clip
 from policies.recall import query_terms
+from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from storage.database import Database
 from storage.errors import StorageError
@@ -49,8 +51,8 @@ FAILED = Summary("failed")
 class FocusedSummaries:
     """The summary cache around the summariser's calls."""
 
-    def __init__(self, db: Database, metrics: Metrics) -> None:
-        self.db, self.metrics = db, metrics
+    def __init__(self, db: Database, memory: ConversationMemory, metrics: Metrics) -> None:
+        self.db, self.memory, self.metrics = db, memory, metrics
 
     async def summary(
         self,
@@ -81,7 +83,7 @@ class FocusedSummaries:
             return found.text if found else None
 
         try:
-            text = await self.db.write(cached)
+            text = await self.memory.in_time(self.db.write(cached))
         except StorageError as exc:  # the cache is an addition: make the summary anyway
             log.warning("summary_cache_unavailable", tenant=tenant_id, error=str(exc))
             text = None
@@ -92,7 +94,9 @@ class FocusedSummaries:
         source = "\n\n".join(p.text for p in artifact.passages)
         if artifact.partial:  # a large stored document: its text, read now
             try:
-                record = await self.db.read(lambda conn: Attachments(conn).get(tenant_id, subject))
+                record = await self.memory.in_time(
+                    self.db.read(lambda conn: Attachments(conn).get(tenant_id, subject))
+                )
             except StorageError as exc:
                 log.warning("summary_source_unavailable", tenant=tenant_id, error=str(exc))
                 record = None
@@ -104,21 +108,23 @@ class FocusedSummaries:
         if made is None:
             return FAILED
         text, tokens = made
-        try:
-            await self.db.write(
-                lambda conn: Summaries(conn).put(
-                    tenant_id,
-                    key,
-                    kind=SUMMARY_KIND,
-                    user_id=user_id,
-                    subject=subject,
-                    model=model,
-                    text=text,
-                    tokens=tokens,
-                    now=now,
-                    covers={"focus": focus},
-                )
+
+        def cache(conn: Connection) -> None:
+            Summaries(conn).put(
+                tenant_id,
+                key,
+                kind=SUMMARY_KIND,
+                user_id=user_id,
+                subject=subject,
+                model=model,
+                text=text,
+                tokens=tokens,
+                now=now,
+                covers={"focus": focus},
             )
+
+        try:
+            await self.memory.in_time(self.db.write(cache))
         except StorageError as exc:  # used now, made again next time
             log.warning("summary_not_cached", tenant=tenant_id, error=str(exc))
         return Summary("miss", text)

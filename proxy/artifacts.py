@@ -5,7 +5,10 @@ section (policies/artifacts.py decides; these modules do the I/O).
 
 Every model call here has a timeout and never fails the request: a planner that fails or
 answers a bad plan gives way to the rule, a summary that fails leaves its artifact out. Both
-are recorded, and their cost is charged to the exchange.
+are recorded, and their cost is charged to the exchange. Every wait for the database is bounded
+by the storage timeout (ConversationMemory.in_time, as storing the turn and recall are), the
+model calls are not: a turn goes on without what the database could not read or store in time,
+with its own inline documents whatever the database does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from policies.chunks import counted_chunks
 from policies.pricing import ZERO, Usage, parse_usage
 from policies.recall import query_terms
 from proxy.artifact_sources import (
+    NO_SOURCES,
     TOOL_WINDOW,
     artifacts_of,
     content_hash,
@@ -45,11 +49,13 @@ from proxy.artifact_summaries import FocusedSummaries
 from proxy.config import Config, TenantConfig
 from proxy.costs import TOKENIZE_INLINE_CHARS, Pricer
 from proxy.errors import BadRequest
+from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from proxy.requests import Inline
 from proxy.sse import reply_from_completion
 from proxy.upstream.base import Upstream
 from storage.database import Database
+from storage.errors import StorageError
 from storage.repositories.attachments import Attachments, new_attachment_id
 
 log = structlog.get_logger("memproxy.artifacts")
@@ -67,6 +73,9 @@ class Attached:
     summary_texts: dict[str, str] = field(default_factory=dict)  # artifact key -> the summary
     calls: list[tuple[str, str, Usage]] = field(default_factory=list)  # (kind, model, usage)
     cost: Decimal | None = ZERO  # of `calls` (None: a model without a price)
+    # The database failed them (or was too slow): the request's documents were not stored, or
+    # what it holds of the rest was not read.
+    storage_failed: bool = False
 
     def included(self, item: Included) -> bool:
         """Whether the item went in (a summary that could not be made did not)."""
@@ -95,6 +104,7 @@ class Attached:
             "items": items,
             "tokens": self.tokens if sent else 0,
             **({} if sent else {"dropped_for_window": True}),
+            **({"storage": "unavailable"} if self.storage_failed else {}),
         }
 
 
@@ -115,18 +125,20 @@ class Artifacts:
         config: Config,
         upstreams: Mapping[str, Upstream],
         db: Database,
+        memory: ConversationMemory,
         pricer: Pricer,
         metrics: Metrics,
     ) -> None:
-        self.db, self.pricer, self.metrics = db, pricer, metrics
-        self.summaries = FocusedSummaries(db, metrics)
+        self.db, self.memory, self.pricer, self.metrics = db, memory, pricer, metrics
+        self.summaries = FocusedSummaries(db, memory, metrics)
         self._upstreams = {
             name: upstreams[tenant.attachments.upstream or tenant.upstream]
             for name, tenant in config.tenants.items()
         }
 
     async def check_refs(self, tenant_id: str, user_id: str, refs: Sequence[str]) -> None:
-        """400 for an `attachment_id` that is not one of this user's attachments."""
+        """400 for an `attachment_id` that is not one of this user's attachments (the caller
+        bounds the wait, and goes on without the ids when the database cannot tell)."""
 
         def work(conn: Connection) -> str | None:
             repo = Attachments(conn)
@@ -145,20 +157,22 @@ class Artifacts:
                 code="attachment_not_found",
             )
 
-    async def store_inline(
+    async def _store_inline(
         self,
+        got: Attached,
         *,
+        request_id: str,
         tenant_id: str,
         user_id: str,
         conversation_pk: int,
-        exchange_id: str,
         inline: Sequence[Inline],
-    ) -> None:
+    ) -> bool:
         """Store a request's inline documents with its conversation (mode `full`); one the
-        conversation has already (the same text) is not stored again."""
+        conversation has already (the same text) is not stored again. False when they were
+        not stored (logged): the database failed, or did not answer in time."""
         documents = [i for i in inline if i.content is not None]
         if not documents:
-            return
+            return True
         prepared = [(doc, await _chunked(doc.content or "")) for doc in documents]
         now = datetime.now(UTC)
 
@@ -181,54 +195,81 @@ class Artifacts:
                     origin="inline",
                     title=doc.title,
                     source=doc.source,
-                    exchange_id=exchange_id,
+                    exchange_id=request_id,
                 )
 
-        await self.db.write(work)
+        try:
+            await self.memory.in_time(self.db.write(work))
+        except StorageError as exc:  # (on SQLite a timed-out write may still land, whole)
+            log.warning("attachments_not_stored", request_id=request_id, error=str(exc))
+            got.storage_failed = True
+            return False
+        return True
 
     async def attach(
         self,
         tenant: TenantConfig,
         *,
+        request_id: str,
         tenant_id: str,
         user_id: str,
         conversation_pk: int | None,
         conversation_id: str | None,
         conversation_end: int,
         inline: Sequence[Inline],
-        stored_inline: bool,
+        store_in: int | None,
         in_prompt_calls: set[str],
         question: str,
         budget: int,
     ) -> Attached:
-        """The artifacts of this turn fitted into `budget` tokens. `stored_inline`: the inline
-        documents were stored with the conversation (they are among its attachments);
-        `in_prompt_calls`: tool call ids whose results the prompt already holds;
-        `conversation_end`: the conversation's next seq (tool results are looked for among
-        its last `TOOL_WINDOW` messages)."""
+        """The artifacts of this turn fitted into `budget` tokens. `store_in`: the conversation
+        (pk) the inline documents are first stored with (mode `full`; they are then read as
+        its attachments); `in_prompt_calls`: tool call ids whose results the prompt already
+        holds; `conversation_end`: the conversation's next seq (tool results are looked for
+        among its last `TOOL_WINDOW` messages)."""
         settings = tenant.attachments
-        refs = [i.attachment_id for i in inline if i.attachment_id is not None]
-        unstored = [] if stored_inline else [i for i in inline if i.content is not None]
-        if budget <= 0 or (conversation_pk is None and not refs and not unstored):
-            return NOTHING_ATTACHED
-        terms = query_terms(question)
-        sources, hits = await self.db.read(
-            lambda conn: read_sources(
-                conn,
-                tenant_id,
-                user_id,
-                conversation_pk,
-                conversation_end - TOOL_WINDOW,
-                refs,
-                terms,
-                settings.tool_results,
-                budget,
-            )
+        attached = Attached()
+        stored = store_in is not None and await self._store_inline(
+            attached,
+            request_id=request_id,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_pk=store_in,
+            inline=inline,
         )
+        refs = [i.attachment_id for i in inline if i.attachment_id is not None]
+        documents = [i for i in inline if i.content is not None]
+        unstored = [] if stored and conversation_pk is not None else documents
+        if budget <= 0 or (conversation_pk is None and not refs and not unstored):
+            return attached
+        terms = query_terms(question)
+        try:
+            sources, hits = await self.memory.in_time(
+                self.db.read(
+                    lambda conn: read_sources(
+                        conn,
+                        tenant_id,
+                        user_id,
+                        conversation_pk,
+                        conversation_end - TOOL_WINDOW,
+                        refs,
+                        terms,
+                        settings.tool_results,
+                        budget,
+                    )
+                )
+            )
+        except StorageError as exc:  # the request's own documents go in all the same
+            log.warning("attachments_not_read", request_id=request_id, error=str(exc))
+            attached.storage_failed = True
+            sources, hits, unstored = NO_SOURCES, {}, documents
         # (Chunking tool results and scoring unindexed text is CPU work: off the event loop.)
         artifacts = await asyncio.to_thread(artifacts_of, sources, in_prompt_calls)
+        known = {a.content_hash for a in sources.stored}
         for i, doc in enumerate(unstored):
             content = doc.content or ""
+            if content_hash(content) in known:
+                continue  # among the stored ones read (e.g. a write that timed out landed)
             chunks = await _chunked(content)
             artifacts.append(
                 Artifact.of_text(
@@ -236,10 +277,9 @@ class Artifacts:
                 )
             )
         if not artifacts:
-            return NOTHING_ATTACHED
+            return attached
         relevance = await asyncio.to_thread(relevance_of, artifacts, sources, hits, question)
         summaries_on = tenant.summaries.mode == "llm"
-        attached = Attached()
         if footprint(artifacts) <= budget:
             choices = plan_by_rule(artifacts, relevance, budget, summaries=summaries_on)
         elif settings.planner == "llm":
@@ -249,7 +289,7 @@ class Artifacts:
             attached.planner = "rule"
             choices = plan_by_rule(artifacts, relevance, budget, summaries=summaries_on)
         attached.items = carry_out(choices, artifacts, relevance, budget, summaries=summaries_on)
-        # The summaries the plan asks for, at once (each call bounded by the timeout).
+        # The summaries the plan asks for, at once (each call bounded by its own timeout).
         wanted = [item for item in attached.items if item.strategy == "summarize"]
         made = await asyncio.gather(
             *(
