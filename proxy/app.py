@@ -104,15 +104,18 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
                     retry=RetryPolicy(server.job_max_attempts, server.job_retry_seconds),
                 )
                 charges = MemoryCharges(db, pricer, limits, metrics)
-                parts = await configure(config, db=db, http=http, charges=charges, metrics=metrics)
+                memory = ConversationMemory(
+                    db, timeout=server.storage_timeout_ms / 1000, circuit=circuit
+                )
+                parts = await configure(
+                    config, db=db, memory=memory, http=http, charges=charges, metrics=metrics
+                )
                 state = AppState(
                     config=config,
                     keys=parts.keys,
                     http=http,
                     db=db,
-                    memory=ConversationMemory(
-                        db, timeout=server.storage_timeout_ms / 1000, circuit=circuit
-                    ),
+                    memory=memory,
                     deferred=DeferredExchanges(db, spill),
                     catalog=catalog,
                     pricer=pricer,
@@ -166,6 +169,7 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
                         lambda loaded: configure(
                             loaded,
                             db=db,
+                            memory=memory,
                             http=http,
                             charges=charges,
                             metrics=metrics,

@@ -27,7 +27,7 @@ from policies.intent import Intent
 from policies.pricing import ZERO, Usage
 from policies.tokens import count_message, count_messages, message_text, upper_bound_tokens
 from proxy.access import request_info
-from proxy.artifacts import NOTHING_ATTACHED, Attached, parse_inline
+from proxy.artifacts import NOTHING_ATTACHED, Attached
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
 from proxy.embeddings import EMBED_CHARS, Vector
@@ -38,6 +38,7 @@ from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
 from proxy.replay import spilled_outcome, spilled_turn
+from proxy.requests import parse_inline
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
 from proxy.state import AppState
@@ -480,7 +481,7 @@ class ChatExchange:
         }
         if (summary := summarized.recorded(assembly)) is not None:
             self.attached["summary"] = summary
-        if attached.items:
+        if attached.items or attached.storage_failed:
             self.attached["attachments"] = attached.record(sent=sent)
         if self.attached_by_policy is not None:
             self.attached["intent_policy"] = self.attached_by_policy
@@ -618,31 +619,21 @@ class ChatExchange:
             for m in [*self.sent_messages, *(h.message for h in at_most)]
             if m.get("role") == "tool"
         }
-        try:
-            if keep is not None:
-                await artifacts.store_inline(
-                    tenant_id=turn.tenant_id,
-                    user_id=turn.user_id,
-                    conversation_pk=keep.pk,
-                    exchange_id=turn.request_id,
-                    inline=self.inline,
-                )
+        try:  # (what the database fails to do in time is left out inside, and recorded)
             attached = await artifacts.attach(
                 tenant,
+                request_id=turn.request_id,
                 tenant_id=turn.tenant_id,
                 user_id=turn.user_id,
                 conversation_pk=conversation.pk if conversation else None,
                 conversation_id=conversation.id if conversation else None,
                 conversation_end=conversation.next_seq if conversation else 0,
                 inline=self.inline,
-                stored_inline=keep is not None and conversation is not None,
+                store_in=keep.pk if keep is not None else None,
                 in_prompt_calls=in_prompt,
                 question=_last_user_text(self.sent_messages),
                 budget=room,
             )
-        except StorageError as exc:  # an addition: without it the request goes on
-            log.warning("attachments_failed", request_id=self.request_id, error=str(exc))
-            return NOTHING_ATTACHED
         except Exception:  # a bug here must not fail the chat: logged, the request goes on
             log.exception("attachments_error", request_id=self.request_id)
             return NOTHING_ATTACHED

@@ -34,6 +34,7 @@ from proxy.embedding_jobs import MessageEmbedder
 from proxy.embeddings import Embeddings, check_embeddings
 from proxy.extraction import MemoryExtractor
 from proxy.intent import IntentClassifiers
+from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from proxy.state import build_upstream
 from proxy.summaries import HistorySummarizer
@@ -76,6 +77,7 @@ async def configure(
     config: Config,
     *,
     db: Database,
+    memory: ConversationMemory,
     http: httpx.AsyncClient,
     charges: MemoryCharges,
     metrics: Metrics,
@@ -107,7 +109,7 @@ async def configure(
         keys=KeyRing(config),
         upstreams=upstreams,
         intents=IntentClassifiers(config, upstreams, metrics),
-        artifacts=Artifacts(config, upstreams, db, pricer, metrics),
+        artifacts=Artifacts(config, upstreams, db, memory, pricer, metrics),
         extractor=MemoryExtractor(config, upstreams, db, charges, metrics),
         embeddings=embeddings,
         summarizer=HistorySummarizer(config, upstreams, db, charges, metrics),

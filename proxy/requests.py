@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ import msgspec
 from proxy.errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+MAX_INLINE = 20  # entries of a request's `attachments`
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -113,6 +115,48 @@ def parse_timestamp(value: Any, param: str) -> datetime:
     except (ValueError, OverflowError, OSError):
         pass
     raise BadRequest(f"{param} must be an ISO 8601 date-time.", param=param)
+
+
+@dataclass(frozen=True, slots=True)
+class Inline:
+    """One entry of a request's `attachments`: a document's text, or a stored one's id."""
+
+    content: str | None = None
+    attachment_id: str | None = None
+    title: str | None = None
+    source: str | None = None
+
+
+def parse_inline(value: Any) -> list[Inline]:
+    """The request body's `attachments`, checked (400 naming the field that is wrong)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadRequest("'attachments' must be an array.", param="attachments")
+    if len(value) > MAX_INLINE:
+        raise BadRequest(f"'attachments' may hold at most {MAX_INLINE} items.", param="attachments")
+    found: list[Inline] = []
+    for i, item in enumerate(value):
+        where = f"attachments[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"'{where}' must be an object.", param=where)
+        unknown = sorted(set(item) - {"content", "attachment_id", "title", "source"})
+        if unknown:
+            raise BadRequest(
+                f"Unknown field '{where}.{unknown[0]}'.", param=f"{where}.{unknown[0]}"
+            )
+        content, attachment_id = item.get("content"), item.get("attachment_id")
+        if content is None and attachment_id is None:
+            raise BadRequest(
+                f"'{where}' needs 'content' or 'attachment_id'.", param=f"{where}.content"
+            )
+        for key in ("content", "attachment_id", "title", "source"):
+            if item.get(key) is not None and not isinstance(item[key], str):
+                raise BadRequest(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
+        if content is not None and not content.strip():
+            raise BadRequest(f"'{where}.content' is empty.", param=f"{where}.content")
+        found.append(Inline(content, attachment_id, item.get("title"), item.get("source")))
+    return found
 
 
 def _short_text(value: Any, *, optional: bool = False) -> bool:

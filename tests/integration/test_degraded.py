@@ -5,34 +5,43 @@ database is back the spill's replay stores each turn and reply exactly once, in 
 with `fail_open: false` gets 503s, a full spill turns degradation into 503s, limits keep being
 enforced from the last counts, and erasing a user removes their spilled turns. After
 `storage_breaker_threshold` failures in a row the storage circuit opens: turns are degraded at
-once, without trying the database, until a trial or a replay finds it taking writes again."""
+once, without trying the database, until a trial or a replay finds it taking writes again. A
+database that turns slow after a turn was stored holds up neither the turn's documents nor its
+answer."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 from structlog.testing import capture_logs
 
+from policies.chunks import counted_chunks
 from proxy.config import (
     Config,
+    ContextSettings,
     DatabaseConfig,
+    IntentSettings,
     Limits,
     PriceConfig,
     ServerConfig,
+    SummarySettings,
     TenantConfig,
     UpstreamConfig,
 )
-from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.openai_upstream import FakeOpenAI, model_said
 from tests.postgres import PostgresServer, start_server
 
 ServeProxy = Callable[[Config], str]
@@ -76,18 +85,20 @@ async def say(
     *,
     stream: bool = False,
     user: str = "u1",
+    body: dict[str, Any] | None = None,
 ) -> tuple[str, httpx.Headers]:
-    """One turn of `user` in `conversation`; the reply's text and the response headers."""
+    """One turn of `user` in `conversation` (`body`: more of the request's body); the reply's
+    text and the response headers."""
     headers = {"X-Memory-User-Id": user, "X-Memory-Conversation-Id": conversation}
     messages: Any = [{"role": "user", "content": text}]
     if not stream:
         raw = await client.chat.completions.with_raw_response.create(
-            model="gpt-4o-mini", messages=messages, extra_headers=headers
+            model="gpt-4o-mini", messages=messages, extra_headers=headers, extra_body=body
         )
         reply = raw.parse().choices[0].message.content
         return reply or "", raw.headers
     raw_stream = await client.chat.completions.with_raw_response.create(
-        model="gpt-4o-mini", messages=messages, extra_headers=headers, stream=True
+        model="gpt-4o-mini", messages=messages, extra_headers=headers, extra_body=body, stream=True
     )
     parts = [c.choices[0].delta.content or "" async for c in raw_stream.parse() if c.choices]
     return "".join(parts), raw_stream.headers
@@ -474,3 +485,134 @@ async def test_a_replay_that_stores_closes_the_storage_circuit_before_its_time(
         replies.append(reply)
         await eventually(lambda: has(base, 8, spill))
     assert await stored(base) == exchanged(["before", "turn 1", "turn 2", "turn 3"], replies)
+
+
+Slowed = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+
+
+@pytest.fixture
+def slowed(database_kind: str, database_url: str) -> Slowed:
+    """A way to make `database_url` slower than the storage timeout for a while: SQLite's file
+    write-locked by another process (reads still answer; a write gives up after SQLite's busy
+    timeout, 10 s), or PostgreSQL's attachment and summary tables locked by another
+    transaction (whatever touches them waits for as long as it lasts)."""
+
+    @contextlib.asynccontextmanager
+    async def locked() -> AsyncIterator[None]:
+        if database_kind == "sqlite":
+            with sqlite_locked(Path(database_url.removeprefix("sqlite+aiosqlite:///"))):
+                yield
+            return
+        engine = create_async_engine(database_url)
+        try:
+            async with engine.connect() as conn, conn.begin():
+                tables = "attachments, attachment_chunks, summaries"
+                await conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+                yield  # (rolled back on the way out)
+        finally:
+            await engine.dispose()
+
+    return locked
+
+
+REPORT = "\n\n".join(
+    ["The quarterly report covers regional sales figures and staffing in the north office."] * 60
+)
+GIST = "The report covers sales and staffing."
+
+
+async def test_a_request_with_a_document_is_answered_while_storage_is_slow_after_its_turn(
+    database_url: str,
+    slowed: Slowed,
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    tmp_path: Path,
+) -> None:
+    """The database turns slow once the turn is stored (while the tenant's LLM classifier
+    holds its reply): storing the inline document (and on PostgreSQL reading the
+    conversation's) and the summary cache around the summariser's call each give up at the
+    timeout, and the request is answered with the document's summary before the database is
+    fast again. The summariser itself, slower than the storage timeout, is not cut short by
+    it. Afterwards the turn and its reply are stored once, and the document whole or not at
+    all."""
+    fake, upstream_url = fake_upstream
+    spill = tmp_path / "spill.jsonl"
+    settings = config(upstream_url, database_url, spill)
+    settings.tenants["open"] = TenantConfig(
+        api_keys=[OPEN],
+        upstream="main",  # the classifier and the summariser too: the fake answers in turn
+        context=ContextSettings(token_budget=1000),
+        intent=IntentSettings(mode="llm", wait_for_llm=True, timeout_ms=120_000),
+        summaries=SummarySettings(mode="llm"),
+    )
+    fake.script = [
+        dataclasses.replace(model_said('{"label": "question", "confidence": 0.9}'), hold=True),
+        model_said(GIST, delay=2 * settings.server.storage_timeout_ms / 1000),
+    ]
+    base = serve_proxy(settings)
+    question = "What's the gist?"  # no word of the report: it is summarised
+    headers = {"X-Memory-User-Id": "u1", "X-Memory-Conversation-Id": "c1"}
+    attachments = {"attachments": [{"content": REPORT, "title": "report"}]}
+    events: list[str] = []
+    async with sdk(base) as client:
+        asked = asyncio.ensure_future(
+            client.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": question}],
+                extra_headers=headers,
+                extra_body=attachments,
+                timeout=60,  # (a guard: unbounded, the request waits for the database)
+            )
+        )
+        await eventually(lambda: _arrived(fake, 1))  # the turn is stored; its intent asked
+        async with slowed():
+            events.append("storage slow")
+            fake.release.set()
+            raw = await asked
+            events.append("answered")
+        events.append("storage back")
+        assert events == ["storage slow", "answered", "storage back"]
+        reply = raw.parse().choices[0].message.content
+        sent = fake.chat_requests[-1]
+        assert [m["role"] for m in sent["messages"]] == ["system", "user"]
+        assert GIST in sent["messages"][0]["content"]  # the summary the plan asked for
+
+        # Nothing half-written: the turn and its reply once each (the reply's late write or
+        # the spill's replay), and the document whole (its write landed once the database
+        # answered: SQLite) or not at all (rolled back: PostgreSQL).
+        await eventually(lambda: has(base, 2, spill))
+        assert await stored(base) == [
+            ("user", question, "complete"),
+            ("assistant", reply, "complete"),
+        ]
+        assert await _documents(base) in ([], [REPORT])
+        async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
+            got = await http.get(f"{base}/memory/exchanges/{raw.headers['x-request-id']}")
+        record = got.json()
+        assert record["status"] == "complete"
+        attached = record["attached"]["attachments"]
+        assert attached["storage"] == "unavailable"
+        assert [(i["strategy"], i["cache"]) for i in attached["items"]] == [("summarize", "miss")]
+
+        # The same document again, the database answering: the conversation holds it once.
+        _, headers_again = await say(client, question, body=attachments)
+        assert headers_again["x-memory-status"] == "ok"
+        assert await _documents(base) == [REPORT]
+
+
+async def _arrived(fake: FakeOpenAI, count: int) -> bool:
+    return len(fake.chat_requests) >= count
+
+
+async def _documents(base_url: str) -> list[str]:
+    """The texts of conversation c1's documents, each checked whole (all its passages)."""
+    texts = []
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
+        listed = await http.get(f"{base_url}/memory/conversations/c1/attachments")
+        assert listed.status_code == 200, listed.text
+        for item in listed.json()["data"]:
+            got = await http.get(f"{base_url}/memory/conversations/c1/attachments/{item['id']}")
+            content = got.json()["content"]
+            assert item["chunks"] == len(counted_chunks(content))
+            texts.append(content)
+    return texts

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from policies.artifact_prompts import parse_plan, planner_request
 from policies.artifacts import (
     ARTIFACT_TOKENS,
     SECTION_TOKENS,
@@ -18,9 +19,7 @@ from policies.artifacts import (
     carry_out,
     fit,
     footprint,
-    parse_plan,
     plan_by_rule,
-    planner_request,
     render,
     score_passages,
 )
