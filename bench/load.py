@@ -16,7 +16,9 @@ time to the first content chunk and to the end, memproxy's p50/p99 over the dire
 errors), then a soak of `--soak` more (RSS of every memproxy process before and after it,
 open connections, database size). Afterwards every conversation is read back through the
 management API: a stored user turn for every request that was answered, no more, no fewer
-("lost" counts the difference).
+("lost" counts the difference), once the spill of the requests answered degraded (storage
+slower than its timeout: counted by reason from /metrics) is replayed and the writes still
+queued have landed.
 
     .venv/bin/python bench/load.py [--backend sqlite|postgresql|both] [--clients 200]
         [--requests 4000] [--soak 20000] [--json figures.json]
@@ -149,7 +151,25 @@ def sockets(pid: int) -> int:
     return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
 
 
-async def lost_messages(base_urls: list[str], clients: list[Client]) -> int:
+async def settled_losses(
+    base_urls: list[str], clients: list[Client], seconds: float = 60.0
+) -> tuple[int, float]:
+    """`lost_messages` once the writes still under way have landed: a turn answered degraded
+    after its write timed out may still be in SQLite's writer queue when its spill is replayed
+    (the write then lands, the replay finds it stored). Read again until nothing is missing,
+    or `seconds` have passed; the count and how long it took."""
+    started = time.monotonic()
+    for _ in range(int(seconds)):
+        lost = await lost_messages(base_urls, clients, quiet=True)
+        if not lost:
+            break
+        await asyncio.sleep(1.0)
+    if lost:
+        lost = await lost_messages(base_urls, clients)  # (this time naming them)
+    return lost, round(time.monotonic() - started, 1)
+
+
+async def lost_messages(base_urls: list[str], clients: list[Client], quiet: bool = False) -> int:
     """Answered requests whose user turn is not stored, plus stored turns never answered."""
     lost = 0
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {API_KEY}"}) as http:
@@ -165,8 +185,40 @@ async def lost_messages(base_urls: list[str], clients: list[Client]) -> int:
                 if not page["has_more"]:
                     break
                 after = page["last_id"]
+            if client.answered != stored and not quiet:
+                print(
+                    f"load-{n}: {client.answered} answered, {stored} user turns stored",
+                    file=sys.stderr,
+                )
             lost += abs(client.answered - stored)
     return lost
+
+
+SPILL = "memproxy-spill.jsonl"  # (overhead.memproxy_config puts it beside the config)
+
+
+async def degraded_requests(base_urls: list[str]) -> dict[str, int]:
+    """Requests answered without memory (storage too slow or away), by reason, from every
+    process's metrics: their turns went to the spill, to be replayed."""
+    found: dict[str, int] = {}
+    async with httpx.AsyncClient() as http:
+        for url in base_urls:
+            for line in (await http.get(url + "/metrics")).text.splitlines():
+                if line.startswith("memproxy_memory_degraded_requests_total{"):
+                    reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                    found[reason] = found.get(reason, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
+async def spill_replayed(spill: Path, seconds: float = 300.0) -> float:
+    """Seconds until the spill is replayed into the database (its file gone), so that the
+    read-back counts what was answered degraded too."""
+    started = time.monotonic()
+    while await asyncio.to_thread(spill.exists):
+        if time.monotonic() - started > seconds:
+            raise SystemExit(f"the spill {spill} was not replayed in {seconds:g} s")
+        await asyncio.sleep(0.5)
+    return round(time.monotonic() - started, 1)
 
 
 @contextlib.contextmanager
@@ -257,7 +309,9 @@ async def run_backend(
         soak = await drive(clients, args.soak)
         rss_after = [rss_mb(p) for p in pids]
         open_sockets = [sockets(p) for p in pids]
-        lost = await lost_messages(urls, clients)
+        degraded = await degraded_requests(urls)
+        replayed_in = await spill_replayed(workdir / backend / SPILL)
+        lost, settled_in = await settled_losses(urls, clients)
         for client in clients:
             await client.http.aclose()
         return {
@@ -272,6 +326,9 @@ async def run_backend(
             "open_sockets": open_sockets,
             "database_mb": await asyncio.to_thread(size),
             "lost_messages": lost,
+            "degraded_requests": degraded,
+            "spill_replayed_s": replayed_in,
+            "writes_settled_s": settled_in,
         }
 
 
@@ -300,10 +357,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"the head, a chunk every {args.chunk_delay * 1000:.0f} ms; {args.requests} measured "
         f"requests, then a soak of {args.soak}",
         "",
-        "| target | processes | req/s | TTFT p50 / p99 ms | total p50 / p99 ms | added p50 / p99 ms | errors | lost | RSS before -> after soak (growth) | sockets | DB MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| target | processes | req/s | TTFT p50 / p99 ms | total p50 / p99 ms | added p50 / p99 ms | errors | degraded (spill replayed in) | lost | RSS before -> after soak (growth) | sockets | DB MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         f"| direct | - | {direct['rps']} | {direct['ttft_p50_ms']} / {direct['ttft_p99_ms']} | "
-        f"{direct['p50_ms']} / {direct['p99_ms']} | - | {direct['errors']} | - | - | - | - |",
+        f"{direct['p50_ms']} / {direct['p99_ms']} | - | {direct['errors']} | - | - | - | - | - |",
     ]
     for backend in ("sqlite", "postgresql"):
         if backend not in results:
@@ -321,10 +378,19 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
                 r["rss_mb_before_soak"], r["rss_mb_after_soak"], r["rss_growth_pct"], strict=True
             )
         )
+        reasons = r["degraded_requests"]
+        degraded = (
+            f"{sum(reasons.values())} ("
+            + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+            + f"; replayed in {r['spill_replayed_s']} s, settled in {r['writes_settled_s']} s)"
+            if reasons
+            else "0"
+        )
         lines.append(
             f"| memproxy {backend} | {r['processes']} | {load['rps']} (soak {soak['rps']}) | "
             f"{load['ttft_p50_ms']} / {load['ttft_p99_ms']} | {load['p50_ms']} / {load['p99_ms']} | "
-            f"{added} | {load['errors'] + soak['errors']} | {r['lost_messages']} | {rss} | "
+            f"{added} | {load['errors'] + soak['errors']} | {degraded} | {r['lost_messages']} | "
+            f"{rss} | "
             f"{', '.join(map(str, r['open_sockets']))} | {r['database_mb']} |"
         )
     return "\n".join(lines)

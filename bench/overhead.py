@@ -158,6 +158,8 @@ def memproxy_command() -> list[str]:
 def memproxy_config(upstream: str, workdir: Path, database_url: str | None = None) -> str:
     database = database_url or f"sqlite+aiosqlite:///{workdir}/memproxy.db"
     return (
+        # Turns answered degraded (storage slower than its timeout) wait here to be replayed.
+        f'server: {{spill_path: "{workdir}/memproxy-spill.jsonl"}}\n'
         f'database: {{url: "{database}"}}\n'
         "upstreams:\n"
         f"  fake: {{kind: openai, base_url: {upstream}/v1, api_key: bench-upstream-key}}\n"

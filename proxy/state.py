@@ -18,6 +18,7 @@ from proxy.costs import Pricer
 from proxy.embeddings import Embeddings
 from proxy.exchange_batch import DeferredExchanges
 from proxy.extraction import MemoryExtractor
+from proxy.http_shards import SHARDS, ShardedTransport
 from proxy.intent import IntentClassifiers
 from proxy.jobs import JobRunner
 from proxy.limits import LimitKeeper
@@ -109,9 +110,11 @@ class _NoCookies(httpx.Cookies):
 
 
 def new_http_client() -> httpx.AsyncClient:
-    """One pooled keep-alive client for every upstream; per-upstream timeouts go per request."""
+    """One pooled keep-alive client for every upstream (its connections in `SHARDS` pools:
+    proxy/http_shards.py); per-upstream timeouts go per request."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        transport=ShardedTransport.pools(SHARDS, limits),
         timeout=httpx.Timeout(600.0, connect=5.0),
         follow_redirects=False,
     )

@@ -26,7 +26,7 @@ def test_shipped_config_loads_with_no_environment() -> None:
     assert demo.memory.extract == "off"  # bare YAML `off` is the string, not false
     assert "openai" not in config.upstreams  # unused, so its missing key is no error
     server = config.server
-    assert (server.storage_breaker_threshold, server.storage_breaker_open_seconds) == (5, 5)
+    assert (server.storage_breaker_threshold, server.storage_breaker_open_seconds) == (0, 5)
 
 
 def test_defaults_merge_into_tenants_key_by_key(tmp_path: Path) -> None:
