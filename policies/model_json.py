@@ -1,10 +1,22 @@
-"""Reading the JSON objects the proxy's own model calls answer with (intent, extraction), and
+"""The proxy's own model calls that answer in JSON (intent, extraction, the attachments'
+planner): the request asking for one object, reading the objects they answer with, and
 clipping what goes into their prompts."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+
+def json_request(model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+    """A chat completion body asking `model` for one JSON object, deterministically."""
+    return {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "response_format": {"type": "json_object"},
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
 
 
 def json_object(content: Any) -> dict[str, Any] | None:
