@@ -156,7 +156,8 @@ class _PostgresSnapshot:
 class _SqliteSnapshot:
     """A connection in a read transaction, used by one reader thread at a time. It is opened
     by the first unit of work and ended without awaiting anything, so that a caller cancelled
-    half-way (a client gone mid-download) still ends it: after the unit of work running then."""
+    half-way (an export whose request is cancelled while it reads) still ends it: after the
+    unit of work running then."""
 
     def __init__(self, engine: Engine, readers: ThreadPoolExecutor) -> None:
         self._engine, self._readers = engine, readers
