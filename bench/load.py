@@ -241,7 +241,9 @@ def upstream(args: argparse.Namespace, workdir: Path) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def memproxies(backend: str, fake: Server, workdir: Path) -> Iterator[tuple[list[Server], Any]]:
+def memproxies(
+    backend: str, fake: Server, workdir: Path, storage_breaker: int
+) -> Iterator[tuple[list[Server], Any]]:
     """memproxy in one process (sqlite) or two on one PostgreSQL database; and a function
     that tells the database's size in MB."""
     with contextlib.ExitStack() as stack:
@@ -279,7 +281,7 @@ def memproxies(backend: str, fake: Server, workdir: Path) -> Iterator[tuple[list
         home = workdir / backend
         home.mkdir()
         config = home / "config.yaml"
-        config.write_text(memproxy_config(fake.url, home, url))
+        config.write_text(memproxy_config(fake.url, home, url, storage_breaker=storage_breaker))
         servers = []
         for i in range(count):
             port = free_port()
@@ -299,7 +301,7 @@ def memproxies(backend: str, fake: Server, workdir: Path) -> Iterator[tuple[list
 async def run_backend(
     args: argparse.Namespace, backend: str, fake: Server, workdir: Path
 ) -> dict[str, Any]:
-    with memproxies(backend, fake, workdir) as (servers, size):
+    with memproxies(backend, fake, workdir, args.storage_breaker) as (servers, size):
         urls = [s.url for s in servers]
         clients = [Client(n, urls[n % len(urls)], memory=True) for n in range(args.clients)]
         await drive(clients, args.clients * 2)  # warm-up: every client's connection, twice
@@ -404,6 +406,12 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=20000)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--chunk-delay", type=float, default=0.02)
+    parser.add_argument(
+        "--storage-breaker",
+        type=int,
+        default=0,
+        help="server.storage_breaker_threshold for memproxy (default 0: off, as shipped)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--logs", help="keep the servers' logs and databases in this folder")
     args = parser.parse_args()

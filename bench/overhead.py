@@ -155,11 +155,15 @@ def memproxy_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "proxy.cli"]
 
 
-def memproxy_config(upstream: str, workdir: Path, database_url: str | None = None) -> str:
+def memproxy_config(
+    upstream: str, workdir: Path, database_url: str | None = None, *, storage_breaker: int = 0
+) -> str:
+    """`storage_breaker`: `server.storage_breaker_threshold` (0: off, the default)."""
     database = database_url or f"sqlite+aiosqlite:///{workdir}/memproxy.db"
     return (
         # Turns answered degraded (storage slower than its timeout) wait here to be replayed.
-        f'server: {{spill_path: "{workdir}/memproxy-spill.jsonl"}}\n'
+        f'server: {{spill_path: "{workdir}/memproxy-spill.jsonl",'
+        f" storage_breaker_threshold: {storage_breaker}}}\n"
         f'database: {{url: "{database}"}}\n'
         "upstreams:\n"
         f"  fake: {{kind: openai, base_url: {upstream}/v1, api_key: bench-upstream-key}}\n"

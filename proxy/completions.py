@@ -488,11 +488,19 @@ class ChatExchange:
 
     async def _after_spilled_turns(self) -> None:
         """Earlier turns of this user waiting in the spill go into the database first (or
-        this one waits in the spill after them), so they keep their order and conversation."""
+        this one waits in the spill after them), so they keep their order and conversation.
+
+        The reply of the user's previous turn may still be on its way (written after the
+        response, `reply_after_response`), and may yet go to the spill: that is waited for
+        first, whether this turn then goes to the database or to the spill. Otherwise a thin
+        client's turn stored before that reply would follow an unanswered turn, and one with
+        the same text (a "yes" twice) would be taken for that turn resent."""
         services, tenant_id, user_id = self.services, self.principal.tenant_id, self.ext.user_id
         replayer = services.replayer
         if replayer is None or self.ext.mode == "off":
             return
+        # (Bounded: the write gives up at the storage timeout, and then goes to the spill.)
+        await services.memory.settle(tenant_id, user_id)
         if not services.spill.holds(tenant_id, user_id):
             return
 

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
+from proxy.spill import Spilled, SpillFile
 from tests.fakes.openai_upstream import FakeOpenAI, model_said
 from tests.postgres import PostgresServer, start_server
 
@@ -485,6 +487,66 @@ async def test_a_replay_that_stores_closes_the_storage_circuit_before_its_time(
         replies.append(reply)
         await eventually(lambda: has(base, 8, spill))
     assert await stored(base) == exchanged(["before", "turn 1", "turn 2", "turn 3"], replies)
+
+
+@pytest.mark.parametrize("then", ["half_open", "open"])
+async def test_a_thin_client_repeating_its_answered_turn_keeps_both_while_the_reply_is_spilled(
+    then: str,
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user says "yes" twice. The first "yes" is stored, but its reply goes to the spill (the
+    circuit opened meanwhile), and the disk is slow to take it. The second "yes" is a new turn,
+    not a retry of the first: the client had its answer. It is stored after the first's reply,
+    whether it reaches the database (`half_open`: the circuit lets a trial through) or the
+    spill (`open`), and never taken for the first resent."""
+    fake, upstream_url = fake_upstream
+    settings, spill, db = on_sqlite(
+        upstream_url,
+        tmp_path,
+        storage_timeout_ms=1500,
+        storage_breaker_threshold=1,
+        storage_breaker_open_seconds=2 if then == "half_open" else 3600,
+        spill_replay_seconds=3600,  # only a turn's catch-up, or a restart, replays
+    )
+    disk = threading.Event()  # set: the spill takes u1's outcomes again
+    add = SpillFile._add
+
+    def slow_disk(self: SpillFile, entry: Spilled, bounded: bool) -> None:
+        if entry.kind == "outcome" and entry.user_id == "u1":
+            assert disk.wait(30)
+        add(self, entry, bounded)
+
+    monkeypatch.setattr(SpillFile, "_add", slow_disk)
+    base = serve_proxy(settings)
+    replies = []
+    async with sdk(base) as client:
+        reply, _ = await say(client, "before")
+        replies.append(reply)
+        await eventually(lambda: has(base, 2))
+        fake.script = [dataclasses.replace(model_said("Yes to the first."), hold=True)]
+        first = asyncio.ensure_future(say(client, "yes"))
+        await eventually(lambda: _arrived(fake, 2))  # stored, and waiting for its answer
+        with sqlite_locked(db):  # another user's turn times out: the circuit opens
+            _, headers = await say(client, "elsewhere", "c2", user="u2")
+            assert headers["x-memory-status"] == "degraded"
+        assert await circuit_is(base, "open")()
+        fake.release.set()
+        reply, headers = await first  # answered; its reply waits for the disk
+        assert headers["x-memory-status"] == "ok"
+        replies.append(reply)
+
+        await eventually(circuit_is(base, then), what=f"never {then}")
+        second = asyncio.ensure_future(say(client, "yes"))
+        await asyncio.sleep(0.3)  # (the second "yes" arrives while the reply is on its way)
+        disk.set()
+        reply, _ = await second
+        replies.append(reply)
+    serve_proxy(settings)  # a restart replays whatever the spill still holds
+    await eventually(lambda: asyncio.to_thread(lambda: not spill.exists()))
+    assert await stored(base) == exchanged(["before", "yes", "yes"], replies)
 
 
 Slowed = Callable[[], contextlib.AbstractAsyncContextManager[None]]
