@@ -31,7 +31,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
 
     @classmethod
     def pools(cls, shards: int, limits: httpx.Limits) -> ShardedTransport:
-        """`shards` connection pools sharing `limits` between them."""
+        """`shards` connection pools sharing `limits` between them, and one TLS context
+        (building one loads the CA bundle: about 50 ms each)."""
         keepalive = limits.max_keepalive_connections
         total = limits.max_connections
         share = httpx.Limits(
@@ -39,7 +40,8 @@ class ShardedTransport(httpx.AsyncBaseTransport):
             max_keepalive_connections=None if keepalive is None else max(1, keepalive // shards),
             keepalive_expiry=limits.keepalive_expiry,
         )
-        return cls([httpx.AsyncHTTPTransport(limits=share) for _ in range(shards)])
+        tls = httpx.create_ssl_context()
+        return cls([httpx.AsyncHTTPTransport(limits=share, verify=tls) for _ in range(shards)])
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         return await next(self._next).handle_async_request(request)

@@ -52,6 +52,7 @@ def test_the_pools_share_the_limits() -> None:
     assert {(p._max_connections, p._max_keepalive_connections) for p in pools} == {
         (sys.maxsize, 64)
     }
+    assert len({id(p._ssl_context) for p in pools}) == 1  # the CA bundle loaded once
     with pytest.raises(ValueError):
         ShardedTransport([])
 
