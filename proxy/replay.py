@@ -53,6 +53,8 @@ log = structlog.get_logger("memproxy.spill")
 DATE_KEYS = ("started_at", "finished_at")
 # A request the database keeps failing (not unreachable) is set aside after this many rounds.
 MAX_TRIES = 5
+# What became of a request when its replay wrote to the database.
+WROTE = frozenset({"replayed", "begun", "refused"})
 
 
 def _dates_out(values: dict[str, Any]) -> dict[str, Any]:
@@ -253,9 +255,11 @@ class SpillReplayer:
                     await self.spill.dead_letter(request.entries(), repr(exc))
                     result = "failed"
                 else:
-                    # The database took a write: requests need not wait out the storage
-                    # circuit (a ping alone does not say so: a held lock lets reads through).
-                    self.memory.circuit.close(by="spill_replay")
+                    if result in WROTE:
+                        # The database took a write: requests need not wait out the storage
+                        # circuit (a read alone does not say so: a held lock lets reads
+                        # through, and a request found recorded already was only read).
+                        self.memory.circuit.close(by="spill_replay")
                 self._failures.pop(request.key, None)
                 counts[result] = counts.get(result, 0) + 1
                 self.metrics.spill_replayed.labels(result).inc()

@@ -17,7 +17,9 @@ from proxy.memory import ConversationMemory, Outcome, pending_row
 from proxy.metrics import Metrics
 from proxy.replay import SpillReplayer, Wanted, spilled_outcome, spilled_record, spilled_turn
 from proxy.spill import SpillFile
+from proxy.storage_circuit import StorageCircuit
 from storage.database import Database
+from storage.errors import StorageUnavailable
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
@@ -36,10 +38,12 @@ def spill(tmp_path: Path) -> SpillFile:
     return SpillFile(tmp_path / "spill.jsonl", 2**20)
 
 
-def replayer(spill: SpillFile, db: Database, wanted: Wanted = EXTRACT) -> SpillReplayer:
+def replayer(
+    spill: SpillFile, db: Database, wanted: Wanted = EXTRACT, circuit: StorageCircuit | None = None
+) -> SpillReplayer:
     return SpillReplayer(
         spill,
-        ConversationMemory(db),
+        ConversationMemory(db, circuit=circuit),
         CONFIG,
         Metrics(),
         intent_of=lambda tenant: lambda messages: None,
@@ -123,6 +127,26 @@ async def test_spilled_turns_are_stored_once_in_order_however_often_replayed(
     spill.path.write_bytes(lines)
     assert await replayer(spill, db).replay() == {"duplicate": 2}
     assert await messages(db) == expected
+
+
+async def test_only_a_replay_that_writes_closes_the_storage_circuit(
+    db: Database, spill: SpillFile
+) -> None:
+    await spill_turn(spill, "r1", "first", "one")
+    lines = spill.path.read_bytes()
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    circuit = StorageCircuit(1, 3600)
+    with pytest.raises(StorageUnavailable), circuit.outcome(trial=circuit.admit()):
+        raise StorageUnavailable("the database is away")
+    assert circuit.state() == "open"
+    # The same request again (a round that stopped before deleting its file): found recorded,
+    # written nothing, so it says nothing of whether the database takes writes.
+    spill.path.write_bytes(lines)
+    assert await replayer(spill, db, circuit=circuit).replay() == {"duplicate": 1}
+    assert circuit.state() == "open"
+    await spill_turn(spill, "r2", "second", "two")
+    assert await replayer(spill, db, circuit=circuit).replay() == {"replayed": 1}
+    assert circuit.state() == "closed"
 
 
 async def test_a_turn_whose_outcome_is_not_spilled_yet_waits_in_progress(
