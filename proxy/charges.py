@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Connection
 
 from policies.pricing import Usage
 from proxy.costs import Pricer
@@ -29,6 +32,13 @@ class MemoryCharges:
     ) -> Decimal | None:
         """Charge one call of `model` (`kind`: intent, extraction, summary...) to the exchange;
         its cost, or None when the model has no price (then it is listed, not added up)."""
+        part, usd = self.priced(kind, model, usage)
+        await self.record(tenant_id, request_id, part)
+        self.count(tenant_id, model, usage, usd)
+        return usd
+
+    def priced(self, kind: str, model: str, usage: Usage) -> tuple[dict[str, Any], Decimal | None]:
+        """The exchange record's part for one call, and its cost."""
         usd = self.pricer.prices.cost(model, usage)
         part = {
             "kind": kind,
@@ -39,10 +49,14 @@ class MemoryCharges:
             "cost_usd": None if usd is None else float(usd),
             "at": datetime.now(UTC).isoformat(),
         }
-        amount = None if usd is None else float(usd)
-        await self.db.write(
-            lambda conn: Exchanges(conn).add_cost(tenant_id, request_id, part, amount)
-        )
+        return part, usd
+
+    async def record(self, tenant_id: str, request_id: str, part: dict[str, Any]) -> None:
+        """Add `part` (`priced`) to the exchange record."""
+        await self.db.write(lambda conn: add_part(conn, tenant_id, request_id, part))
+
+    def count(self, tenant_id: str, model: str, usage: Usage, usd: Decimal | None) -> None:
+        """The call against the tenant's budgets, and in the metrics."""
         self.limits.spend(tenant_id, usage.total_tokens, usd)
         label = self.metrics.model(model)
         self.metrics.tokens.labels(tenant_id, label, "prompt").inc(usage.prompt_tokens)
@@ -51,4 +65,9 @@ class MemoryCharges:
             self.metrics.unpriced.labels(tenant_id, label).inc()
         else:
             self.metrics.cost.labels(tenant_id, label, "memory").inc(float(usd))
-        return usd
+
+
+def add_part(conn: Connection, tenant_id: str, request_id: str, part: dict[str, Any]) -> bool:
+    """`part` into the exchange's `cost_parts`, its cost into `cost_memory_usd` (also the
+    spill's replay); False if there is no such exchange."""
+    return Exchanges(conn).add_cost(tenant_id, request_id, part, part["cost_usd"])

@@ -37,7 +37,7 @@ from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, now
 from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
-from proxy.replay import spilled_outcome, spilled_turn
+from proxy.replay import spilled_charge, spilled_outcome, spilled_turn
 from proxy.requests import parse_inline
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
@@ -852,21 +852,21 @@ class ChatExchange:
 
     async def _charge(self, kind: str, model: str, usage: Usage) -> None:
         """One of the proxy's own model calls, charged to the exchange (record, budgets,
-        metrics); when storage was down for the exchange, to the tenant's limits alone."""
+        metrics). When storage was down for the exchange, or fails for this write, the part
+        waits in the spill with the exchange (it is counted against the budgets at once)."""
         turn, tenant, services = self.turn, self.principal.tenant_id, self.services
-        if turn is None:
-            services.limits.spend(
-                tenant, usage.total_tokens, services.pricer.prices.cost(model, usage)
-            )
-            return
-        try:
-            await services.charges.charge(
-                tenant, turn.request_id, kind=kind, model=model, usage=usage
-            )
-        except StorageError as exc:
-            log.error(
-                "memory_cost_not_recorded", request_id=turn.request_id, kind=kind, error=str(exc)
-            )
+        part, usd = services.charges.priced(kind, model, usage)
+        services.charges.count(tenant, model, usage, usd)
+        if turn is not None:
+            try:
+                await services.charges.record(tenant, turn.request_id, part)
+                return
+            except StorageError as exc:
+                log.warning("memory_cost_spilled", request_id=turn.request_id, error=str(exc))
+        elif not self.spilled:
+            return  # no exchange to charge it to
+        head = (tenant, self.ext.user_id, self.request_id, self.started_at)
+        await spill_outcome(services, spilled_charge(*head, part))
 
 
 def _store_intent(conn: Connection, tenant_id: str, request_id: str, intent: Intent) -> None:

@@ -1,7 +1,8 @@
 """What goes into the spill (proxy/spill.py), and writing it to the database once it answers.
 
 Entries are grouped by request: a turn (what `begin()` was given), its outcome (what `finish()`
-was given), or a whole mode-off record. Each request is replayed in one transaction, through
+was given), or a whole mode-off record, and the costs of the proxy's own calls for it (charges,
+added to its record after it, each once). Each request is replayed in one transaction, through
 the same code as a live request (`begin_in`, `finish_in`), so its conversation is found or
 created as it would have been then. A request whose exchange is recorded already is skipped,
 which makes a replay safe to repeat: after a crash half-way, after a `begin()` that timed out
@@ -26,6 +27,7 @@ from typing import Any, cast
 import structlog
 from sqlalchemy import Connection
 
+from proxy.charges import add_part
 from proxy.config import Config, TenantConfig
 from proxy.errors import ProxyError
 from proxy.memory import (
@@ -54,7 +56,7 @@ DATE_KEYS = ("started_at", "finished_at")
 # A request the database keeps failing (not unreachable) is set aside after this many rounds.
 MAX_TRIES = 5
 # What became of a request when its replay wrote to the database.
-WROTE = frozenset({"replayed", "begun", "refused"})
+WROTE = frozenset({"replayed", "begun", "refused", "charged"})
 
 
 def _dates_out(values: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +126,14 @@ def spilled_outcome(
     return Spilled("outcome", tenant_id, user_id, request_id, at, data)
 
 
+def spilled_charge(
+    tenant_id: str, user_id: str, request_id: str, at: datetime, part: dict[str, Any]
+) -> Spilled:
+    """A cost part of the proxy's own model call (`MemoryCharges.priced`) that its exchange
+    record could not take yet."""
+    return Spilled("charge", tenant_id, user_id, request_id, at, {"part": part})
+
+
 def spilled_record(row: dict[str, Any]) -> Spilled:
     """A whole mode-off exchange record whose batch could not be written."""
     tenant_id, user_id, request_id = row["tenant_id"], row["user_id"], row["request_id"]
@@ -146,13 +156,14 @@ class _Request:
     turn: Spilled | None = None
     outcome: Spilled | None = None
     record: Spilled | None = None
+    charges: list[Spilled] = dataclasses.field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.first.tenant_id, self.first.request_id)
 
     def entries(self) -> list[Spilled]:
-        return [e for e in (self.turn, self.outcome, self.record) if e is not None]
+        return [e for e in (self.turn, self.outcome, self.record) if e is not None] + self.charges
 
 
 def grouped(entries: list[Spilled]) -> list[_Request]:
@@ -161,7 +172,10 @@ def grouped(entries: list[Spilled]) -> list[_Request]:
     requests: dict[tuple[str, str], _Request] = {}
     for entry in entries:
         request = requests.setdefault((entry.tenant_id, entry.request_id), _Request(entry))
-        setattr(request, entry.kind, entry)
+        if entry.kind == "charge":
+            request.charges.append(entry)
+        else:
+            setattr(request, entry.kind, entry)
     return list(requests.values())
 
 
@@ -209,8 +223,8 @@ class SpillReplayer:
 
     async def replay(self) -> dict[str, int]:
         """One round (one at a time): what became of each request (replayed: stored whole;
-        begun: its turn stored, its outcome still to come; duplicate, erased, refused, gone,
-        failed)."""
+        begun: its turn stored, its outcome still to come; charged: only costs added to a
+        record already there; duplicate, erased, refused, gone, failed)."""
         async with self._round:
             return await self._replay_round()
 
@@ -295,6 +309,19 @@ class SpillReplayer:
             return await self.db.write(work)
 
     def _apply(
+        self, request: _Request, tenant: TenantConfig, count: TokenCounter, conn: Connection
+    ) -> str:
+        result = self._apply_exchange(request, tenant, count, conn)
+        if request.charges and result != "erased":
+            # After the exchange they belong to (each part once however often replayed).
+            held = [
+                add_part(conn, c.tenant_id, c.request_id, c.data["part"]) for c in request.charges
+            ]
+            if result in ("duplicate", "gone"):
+                result = "charged" if all(held) else "gone"
+        return result
+
+    def _apply_exchange(
         self, request: _Request, tenant: TenantConfig, count: TokenCounter, conn: Connection
     ) -> str:
         head = request.first

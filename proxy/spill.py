@@ -4,7 +4,9 @@ When the database is unreachable or slower than `server.storage_timeout_ms`, a c
 still answered (fail-open, `x-memory-status: degraded`), and what it would have stored goes
 here instead: the user's turn, appended and fsynced before the upstream is called (as the
 database write would have been), then the exchange's outcome when it ends. Outcomes whose
-`finish()` failed and mode-off records whose batch failed come here too. `SpillReplayer`
+`finish()` failed, mode-off records whose batch failed, and the costs of the proxy's own model
+calls (an LLM intent, a planner, a summary) that could not be charged to their exchange come
+here too. `SpillReplayer`
 (proxy/replay.py) writes it all to the database when it answers again, each exchange once
 (entries are keyed by request id), and then deletes the file.
 
@@ -35,8 +37,8 @@ import structlog
 
 log = structlog.get_logger("memproxy.spill")
 
-Kind = Literal["turn", "outcome", "record"]
-KINDS = ("turn", "outcome", "record")
+Kind = Literal["turn", "outcome", "record", "charge"]
+KINDS = ("turn", "outcome", "record", "charge")
 
 
 class SpillFull(Exception):
@@ -45,8 +47,9 @@ class SpillFull(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Spilled:
-    """One line: a turn (what `begin()` was given), an outcome (what `finish()` was given) or
-    a whole exchange record (mode off), of one request."""
+    """One line: a turn (what `begin()` was given), an outcome (what `finish()` was given), a
+    whole exchange record (mode off), or a cost part of the proxy's own (a charge), of one
+    request."""
 
     kind: Kind
     tenant_id: str

@@ -96,13 +96,17 @@ class Exchanges:
     ) -> bool:
         """Add the cost of one of the proxy's own model calls (intent, extraction, summary)
         to an exchange, after the fact: `part` joins `cost_parts`, `usd` the memory cost.
-        False if there is no such exchange (erased meanwhile)."""
+        A part the record holds already (equal in every field, its time included) is not
+        added again, so a replay may repeat it. False if there is no such exchange (erased
+        meanwhile)."""
         query = select(E.c.cost_parts).where(
             E.c.tenant_id == tenant_id, E.c.request_id == request_id
         )
         row = self.conn.execute(query.with_for_update()).first()
         if row is None:
             return False
+        if part in (row.cost_parts or []):
+            return True
         values: dict[str, Any] = {"cost_parts": [*(row.cost_parts or []), part]}
         if usd:
             values["cost_memory_usd"] = E.c.cost_memory_usd + usd

@@ -15,7 +15,14 @@ from proxy.config import UpstreamConfig
 from proxy.costs import Bill
 from proxy.memory import ConversationMemory, Outcome, pending_row
 from proxy.metrics import Metrics
-from proxy.replay import SpillReplayer, Wanted, spilled_outcome, spilled_record, spilled_turn
+from proxy.replay import (
+    SpillReplayer,
+    Wanted,
+    spilled_charge,
+    spilled_outcome,
+    spilled_record,
+    spilled_turn,
+)
 from proxy.spill import SpillFile
 from proxy.storage_circuit import StorageCircuit
 from storage.database import Database
@@ -147,6 +154,44 @@ async def test_only_a_replay_that_writes_closes_the_storage_circuit(
     await spill_turn(spill, "r2", "second", "two")
     assert await replayer(spill, db, circuit=circuit).replay() == {"replayed": 1}
     assert circuit.state() == "closed"
+
+
+def intent_part(cost: float, at: str) -> dict[str, Any]:
+    return {
+        "kind": "intent",
+        "model": "gpt-4o-mini",
+        "prompt_tokens": 100,
+        "completion_tokens": 5,
+        "estimated": False,
+        "cost_usd": cost,
+        "at": at,
+    }
+
+
+async def test_the_costs_of_a_degraded_exchange_are_added_once_after_it(
+    db: Database, spill: SpillFile
+) -> None:
+    at = datetime.now(UTC)
+    await spill_turn(spill, "r1", "first", "one", at=at)
+    first = intent_part(0.25, at.isoformat())
+    await spill.add(spilled_charge("t1", "alice", "r1", at, first), bounded=False)
+    lines = spill.path.read_bytes()
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    record = await exchange(db, "r1")
+    assert (record.status, record.cost_parts, record.cost_memory_usd) == ("complete", [first], 0.25)
+
+    # The same lines again, and a later cost (a charge whose own write failed): the first
+    # is not added twice, the later one is.
+    spill.path.write_bytes(lines)
+    later = intent_part(0.5, (at + timedelta(seconds=1)).isoformat())
+    await spill.add(spilled_charge("t1", "alice", "r1", at, later), bounded=False)
+    assert await replayer(spill, db).replay() == {"charged": 1}
+    record = await exchange(db, "r1")
+    assert (record.cost_parts, record.cost_memory_usd) == ([first, later], 0.75)
+
+    # A cost for an exchange no longer there (erased, retention) goes nowhere.
+    await spill.add(spilled_charge("t1", "alice", "r9", at, first), bounded=False)
+    assert await replayer(spill, db).replay() == {"gone": 1}
 
 
 async def test_a_turn_whose_outcome_is_not_spilled_yet_waits_in_progress(
