@@ -20,7 +20,7 @@ from proxy.costs import Pricer
 from proxy.limits import LimitKeeper
 from proxy.metrics import Metrics
 from storage.database import Database
-from storage.repositories.exchanges import Exchanges
+from storage.repositories.exchanges import Added, Exchanges
 
 
 class MemoryCharges:
@@ -51,9 +51,9 @@ class MemoryCharges:
         }
         return part, usd
 
-    async def record(self, tenant_id: str, request_id: str, part: dict[str, Any]) -> None:
+    async def record(self, tenant_id: str, request_id: str, part: dict[str, Any]) -> Added:
         """Add `part` (`priced`) to the exchange record."""
-        await self.db.write(lambda conn: add_part(conn, tenant_id, request_id, part))
+        return await self.db.write(lambda conn: add_part(conn, tenant_id, request_id, part))
 
     def count(self, tenant_id: str, model: str, usage: Usage, usd: Decimal | None) -> None:
         """The call against the tenant's budgets, and in the metrics."""
@@ -67,7 +67,7 @@ class MemoryCharges:
             self.metrics.cost.labels(tenant_id, label, "memory").inc(float(usd))
 
 
-def add_part(conn: Connection, tenant_id: str, request_id: str, part: dict[str, Any]) -> bool:
+def add_part(conn: Connection, tenant_id: str, request_id: str, part: dict[str, Any]) -> Added:
     """`part` into the exchange's `cost_parts`, its cost into `cost_memory_usd` (also the
-    spill's replay); False if there is no such exchange."""
+    spill's replay)."""
     return Exchanges(conn).add_cost(tenant_id, request_id, part, part["cost_usd"])

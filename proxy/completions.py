@@ -6,6 +6,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime
 from decimal import Decimal
 from functools import partial
 from typing import Any
@@ -499,7 +500,8 @@ class ChatExchange:
         replayer = services.replayer
         if replayer is None or self.ext.mode == "off":
             return
-        # (Bounded: the write gives up at the storage timeout, and then goes to the spill.)
+        # (At most that write's storage timeout, plus appending to the spill when it fails;
+        # this turn's own timeout starts after.)
         await services.memory.settle(tenant_id, user_id)
         if not services.spill.holds(tenant_id, user_id):
             return
@@ -811,7 +813,7 @@ class ChatExchange:
         if self.turn is not None:
             await record(self.services, self.turn, outcome)
         elif self.spilled:  # its turn is in the spill: the outcome goes after it
-            head = (tenant, self.ext.user_id, self.request_id, self.started_at)
+            head = self._spill_head()
             await spill_outcome(self.services, spilled_outcome(*head, outcome, turn=None))
         if self.llm_intent is not None:
             task = self.services.spawn(self._record_llm_intent(self.llm_intent))
@@ -859,14 +861,21 @@ class ChatExchange:
         services.charges.count(tenant, model, usage, usd)
         if turn is not None:
             try:
-                await services.charges.record(tenant, turn.request_id, part)
-                return
+                if await services.charges.record(tenant, turn.request_id, part) != "missing":
+                    return
+                # (Its record is not there: a mode-off record whose batch went to the spill,
+                # or one erased since, which the replay then drops.)
+                log.warning("memory_cost_spilled", request_id=turn.request_id, error="no record")
             except StorageError as exc:
                 log.warning("memory_cost_spilled", request_id=turn.request_id, error=str(exc))
         elif not self.spilled:
             return  # no exchange to charge it to
-        head = (tenant, self.ext.user_id, self.request_id, self.started_at)
-        await spill_outcome(services, spilled_charge(*head, part))
+        await spill_outcome(services, spilled_charge(*self._spill_head(), part))
+
+    def _spill_head(self) -> tuple[str, str, str, datetime]:
+        """What a spill entry of this request starts with: tenant, user, request id and when
+        the request began."""
+        return (self.principal.tenant_id, self.ext.user_id, self.request_id, self.started_at)
 
 
 def _store_intent(conn: Connection, tenant_id: str, request_id: str, intent: Intent) -> None:

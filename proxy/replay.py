@@ -314,11 +314,14 @@ class SpillReplayer:
         result = self._apply_exchange(request, tenant, count, conn)
         if request.charges and result != "erased":
             # After the exchange they belong to (each part once however often replayed).
-            held = [
+            added = [
                 add_part(conn, c.tenant_id, c.request_id, c.data["part"]) for c in request.charges
             ]
             if result in ("duplicate", "gone"):
-                result = "charged" if all(held) else "gone"
+                if "added" in added:
+                    result = "charged"
+                elif "held" in added:
+                    result = "duplicate"
         return result
 
     def _apply_exchange(

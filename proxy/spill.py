@@ -58,6 +58,12 @@ class Spilled:
     at: datetime  # when the request began
     data: dict[str, Any]
 
+    @property
+    def holds_user(self) -> bool:
+        """Whether the user's next turn must wait for it (`SpillFile.holds`): not for a charge,
+        which adds to a record and orders nothing."""
+        return self.kind != "charge"
+
     def line(self) -> bytes:
         entry = {
             "kind": self.kind,
@@ -105,7 +111,8 @@ class SpillFile:
         """Append and fsync `entry`. `bounded` (a new turn): SpillFull when it would not fit."""
         await asyncio.to_thread(self._add, entry, bounded)
         self._added += 1
-        self._users[(entry.tenant_id, entry.user_id)] = self._added
+        if entry.holds_user:
+            self._users[(entry.tenant_id, entry.user_id)] = self._added
 
     def _add(self, entry: Spilled, bounded: bool) -> None:
         line = entry.line()
@@ -118,8 +125,8 @@ class SpillFile:
             _append(self.path, line)
 
     def holds(self, tenant_id: str, user_id: str) -> bool:
-        """Whether entries of this user, written by this process (or found at start-up),
-        wait for the database."""
+        """Whether entries of this user that order their next turn (`Spilled.holds_user`),
+        written by this process (or found at start-up), wait for the database."""
         return (tenant_id, user_id) in self._users
 
     async def load(self) -> None:
@@ -127,7 +134,8 @@ class SpillFile:
         for path in (self.replaying, self.path):
             if path.exists():
                 for entry in await asyncio.to_thread(self._read, path, set_aside=False):
-                    self._users[(entry.tenant_id, entry.user_id)] = self._added
+                    if entry.holds_user:
+                        self._users[(entry.tenant_id, entry.user_id)] = self._added
 
     def size(self) -> int:
         """Bytes waiting, in the file and in the one being replayed."""

@@ -29,6 +29,8 @@ from storage.records import ExchangeRecord, NewExchange, UsageTotals
 from storage.repositories.rows import columns, utc_row
 
 E = EXCHANGES
+# What `add_cost` did with a part.
+Added = Literal["added", "held", "missing"]
 _COLUMNS = columns(E, ExchangeRecord)
 FINISH_FIELDS = frozenset(
     {
@@ -93,27 +95,27 @@ class Exchanges:
 
     def add_cost(
         self, tenant_id: str, request_id: str, part: dict[str, Any], usd: float | None
-    ) -> bool:
+    ) -> Added:
         """Add the cost of one of the proxy's own model calls (intent, extraction, summary)
         to an exchange, after the fact: `part` joins `cost_parts`, `usd` the memory cost.
         A part the record holds already (equal in every field, its time included) is not
-        added again, so a replay may repeat it. False if there is no such exchange (erased
-        meanwhile)."""
+        added again (`held`), so a replay may repeat it; `missing` if there is no such
+        exchange (erased meanwhile, or not written yet)."""
         query = select(E.c.cost_parts).where(
             E.c.tenant_id == tenant_id, E.c.request_id == request_id
         )
         row = self.conn.execute(query.with_for_update()).first()
         if row is None:
-            return False
+            return "missing"
         if part in (row.cost_parts or []):
-            return True
+            return "held"
         values: dict[str, Any] = {"cost_parts": [*(row.cost_parts or []), part]}
         if usd:
             values["cost_memory_usd"] = E.c.cost_memory_usd + usd
         self.conn.execute(
             update(E).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id).values(values)
         )
-        return True
+        return "added"
 
     def set_intent(
         self, tenant_id: str, request_id: str, label: str, detail: dict[str, Any]

@@ -42,6 +42,7 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
+from proxy.memory import ConversationMemory
 from proxy.spill import Spilled, SpillFile
 from tests.fakes.openai_upstream import FakeOpenAI, model_said
 from tests.postgres import PostgresServer, start_server
@@ -562,6 +563,17 @@ async def test_a_thin_client_repeating_its_answered_turn_keeps_both_while_the_re
         add(self, entry, bounded)
 
     monkeypatch.setattr(SpillFile, "_add", slow_disk)
+    waits = threading.Event()  # set: a turn of u1 waits for a reply write still under way
+    settle = ConversationMemory.settle
+
+    async def observed(
+        self: ConversationMemory, tenant_id: str, user_id: str | None = None
+    ) -> None:
+        if user_id == "u1" and self._unsettled.get((tenant_id, user_id)):
+            waits.set()
+        await settle(self, tenant_id, user_id)
+
+    monkeypatch.setattr(ConversationMemory, "settle", observed)
     base = serve_proxy(settings)
     replies = []
     async with sdk(base) as client:
@@ -582,8 +594,10 @@ async def test_a_thin_client_repeating_its_answered_turn_keeps_both_while_the_re
 
         await eventually(circuit_is(base, then), what=f"never {then}")
         second = asyncio.ensure_future(say(client, "yes"))
-        await asyncio.sleep(0.3)  # (the second "yes" arrives while the reply is on its way)
-        disk.set()
+        try:  # it arrived while the reply was on its way
+            assert await asyncio.to_thread(waits.wait, 30), "the turn did not wait for the reply"
+        finally:
+            disk.set()
         reply, _ = await second
         replies.append(reply)
     serve_proxy(settings)  # a restart replays whatever the spill still holds

@@ -188,6 +188,9 @@ async def test_the_costs_of_a_degraded_exchange_are_added_once_after_it(
     assert await replayer(spill, db).replay() == {"charged": 1}
     record = await exchange(db, "r1")
     assert (record.cost_parts, record.cost_memory_usd) == ([first, later], 0.75)
+    await spill.add(spilled_charge("t1", "alice", "r1", at, later), bounded=False)
+    assert await replayer(spill, db).replay() == {"duplicate": 1}  # held already: nothing written
+    assert (await exchange(db, "r1")).cost_memory_usd == 0.75
 
     # A cost for an exchange no longer there (erased, retention) goes nowhere.
     await spill.add(spilled_charge("t1", "alice", "r9", at, first), bounded=False)
