@@ -13,7 +13,6 @@ from typing import Any
 
 import structlog
 from litestar import Request, Response
-from sqlalchemy import Connection
 
 from policies.context import (
     Assembly,
@@ -33,12 +32,12 @@ from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
 from proxy.embeddings import EMBED_CHARS, Vector
 from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
-from proxy.intent import LLMIntent
+from proxy.intent import LLMIntent, record_intent
 from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, now
 from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
-from proxy.replay import spilled_charge, spilled_outcome, spilled_turn
+from proxy.replay import spilled_charge, spilled_intent, spilled_outcome, spilled_turn
 from proxy.requests import parse_inline
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
@@ -47,8 +46,6 @@ from proxy.storage_circuit import StorageCircuitOpen
 from proxy.summaries import summarize_history
 from proxy.vector_index import SemanticQuery
 from storage.errors import StorageError, StorageTimeout, StorageUnavailable
-from storage.repositories.conversations import Conversations
-from storage.repositories.exchanges import Exchanges
 from storage.repositories.memories import Memories
 from storage.repositories.search import searchable_text
 
@@ -836,19 +833,30 @@ class ChatExchange:
 
     async def _record_llm_intent(self, task: asyncio.Task[LLMIntent]) -> None:
         """When the LLM's intent arrives (maybe after the response), it replaces the keyword
-        one in the records, and its cost is charged to the exchange."""
+        one in the records, and its cost is charged to the exchange. When storage was down
+        for the exchange, or fails for this write, the intent waits in the spill with it."""
         result = await task
         turn, tenant, services = self.turn, self.principal.tenant_id, self.services
         if turn is not None and turn.pending is not None:
             await services.deferred.settle()  # its record is written in a batch
-        if turn is not None and result.intent is not None:
-            intent = result.intent
-            try:
-                await services.db.write(
-                    lambda conn: _store_intent(conn, tenant, turn.request_id, intent)
-                )
-            except StorageError as exc:
-                log.error("intent_not_recorded", request_id=turn.request_id, error=str(exc))
+        if result.intent is not None and (turn is not None or self.spilled):
+            detail = result.intent.as_dict()
+            recorded = False
+            if turn is not None:
+                try:
+                    recorded = await services.db.write(
+                        partial(
+                            record_intent,
+                            tenant_id=tenant,
+                            request_id=turn.request_id,
+                            detail=detail,
+                        )
+                    )
+                except StorageError as exc:
+                    log.warning("intent_spilled", request_id=self.request_id, error=str(exc))
+            if not recorded:
+                entry = spilled_intent(*self._spill_head(), detail)
+                await spill_outcome(services, entry)
         if result.usage is not None:
             await self._charge("intent", result.model, result.usage)
 
@@ -876,12 +884,6 @@ class ChatExchange:
         """What a spill entry of this request starts with: tenant, user, request id and when
         the request began."""
         return (self.principal.tenant_id, self.ext.user_id, self.request_id, self.started_at)
-
-
-def _store_intent(conn: Connection, tenant_id: str, request_id: str, intent: Intent) -> None:
-    detail = intent.as_dict()
-    Exchanges(conn).set_intent(tenant_id, request_id, intent.label, detail)
-    Conversations(conn).set_turn_meta(tenant_id, request_id, "intent", detail)
 
 
 async def chat_completion(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from sqlalchemy import Connection
 
 from policies.intent import (
     Intent,
@@ -28,6 +29,8 @@ from proxy.config import Config, IntentSettings
 from proxy.metrics import Metrics
 from proxy.sse import reply_from_completion
 from proxy.upstream.base import Upstream
+from storage.repositories.conversations import Conversations
+from storage.repositories.exchanges import Exchanges
 
 log = structlog.get_logger("memproxy.intent")
 
@@ -114,3 +117,14 @@ class IntentClassifiers:
         log.info("intent_llm_fallback", tenant=tenant_id, reason=reason)
         self.metrics.intent_fallbacks.labels(tenant_id, reason).inc()
         return LLMIntent(None, usage, settings.model)
+
+
+def record_intent(
+    conn: Connection, *, tenant_id: str, request_id: str, detail: dict[str, Any]
+) -> bool:
+    """The LLM's intent (`Intent.as_dict()`) into an exchange's record and its user turn's
+    metadata, replacing the keyword one (also the spill's replay); False if the exchange
+    record is not there."""
+    found = Exchanges(conn).set_intent(tenant_id, request_id, str(detail["label"]), detail)
+    Conversations(conn).set_turn_meta(tenant_id, request_id, "intent", detail)
+    return found

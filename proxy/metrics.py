@@ -114,7 +114,7 @@ class Metrics:
         self.spill_replayed = Counter(
             "memproxy_spill_replayed_requests",
             "Spilled requests written to the database, by result (replayed, duplicate, erased, "
-            "refused, gone, charged, failed).",
+            "refused, gone, amended, failed).",
             ["result"],
             registry=r,
         )

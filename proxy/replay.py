@@ -1,13 +1,14 @@
 """What goes into the spill (proxy/spill.py), and writing it to the database once it answers.
 
 Entries are grouped by request: a turn (what `begin()` was given), its outcome (what `finish()`
-was given), or a whole mode-off record, and the costs of the proxy's own calls for it (charges,
-added to its record after it, each once). Each request is replayed in one transaction, through
-the same code as a live request (`begin_in`, `finish_in`), so its conversation is found or
-created as it would have been then. A request whose exchange is recorded already is skipped,
-which makes a replay safe to repeat: after a crash half-way, after a `begin()` that timed out
-but landed, or with the spill shared by replicas on one host. A user erased after the request
-began is not written back (`erasures`).
+was given), or a whole mode-off record, and what amends its record after it: the costs of the
+proxy's own calls (charges, each added once) and the LLM's intent. Each request is replayed in
+one transaction, through the same code as a live request (`begin_in`, `finish_in`), so its
+conversation is found or created as it would have been then. A request whose exchange is
+recorded already is skipped (but for its amendments), which makes a replay safe to repeat:
+after a crash half-way, after a `begin()` that timed out but landed, or with the spill shared
+by replicas on one host. A user erased after the request began is not written back
+(`erasures`).
 
 A turn whose request was refused by rules that need the database (its conversation belongs to
 another user, an idempotency key reused by another user) is recorded as an exchange with the
@@ -30,6 +31,7 @@ from sqlalchemy import Connection
 from proxy.charges import add_part
 from proxy.config import Config, TenantConfig
 from proxy.errors import ProxyError
+from proxy.intent import record_intent
 from proxy.memory import (
     ConversationMemory,
     IntentOf,
@@ -56,7 +58,7 @@ DATE_KEYS = ("started_at", "finished_at")
 # A request the database keeps failing (not unreachable) is set aside after this many rounds.
 MAX_TRIES = 5
 # What became of a request when its replay wrote to the database.
-WROTE = frozenset({"replayed", "begun", "refused", "charged"})
+WROTE = frozenset({"replayed", "begun", "refused", "amended"})
 
 
 def _dates_out(values: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +136,14 @@ def spilled_charge(
     return Spilled("charge", tenant_id, user_id, request_id, at, {"part": part})
 
 
+def spilled_intent(
+    tenant_id: str, user_id: str, request_id: str, at: datetime, detail: dict[str, Any]
+) -> Spilled:
+    """The LLM's intent for a request (`Intent.as_dict()`) that its exchange record could not
+    take yet."""
+    return Spilled("intent", tenant_id, user_id, request_id, at, {"intent": detail})
+
+
 def spilled_record(row: dict[str, Any]) -> Spilled:
     """A whole mode-off exchange record whose batch could not be written."""
     tenant_id, user_id, request_id = row["tenant_id"], row["user_id"], row["request_id"]
@@ -156,6 +166,7 @@ class _Request:
     turn: Spilled | None = None
     outcome: Spilled | None = None
     record: Spilled | None = None
+    intent: Spilled | None = None
     charges: list[Spilled] = dataclasses.field(default_factory=list)
 
     @property
@@ -163,7 +174,8 @@ class _Request:
         return (self.first.tenant_id, self.first.request_id)
 
     def entries(self) -> list[Spilled]:
-        return [e for e in (self.turn, self.outcome, self.record) if e is not None] + self.charges
+        entries = (self.turn, self.outcome, self.record, self.intent)
+        return [e for e in entries if e is not None] + self.charges
 
 
 def grouped(entries: list[Spilled]) -> list[_Request]:
@@ -223,8 +235,8 @@ class SpillReplayer:
 
     async def replay(self) -> dict[str, int]:
         """One round (one at a time): what became of each request (replayed: stored whole;
-        begun: its turn stored, its outcome still to come; charged: only costs added to a
-        record already there; duplicate, erased, refused, gone, failed)."""
+        begun: its turn stored, its outcome still to come; amended: only costs or an intent
+        added to a record already there; duplicate, erased, refused, gone, failed)."""
         async with self._round:
             return await self._replay_round()
 
@@ -312,17 +324,23 @@ class SpillReplayer:
         self, request: _Request, tenant: TenantConfig, count: TokenCounter, conn: Connection
     ) -> str:
         result = self._apply_exchange(request, tenant, count, conn)
-        if request.charges and result != "erased":
-            # After the exchange they belong to (each part once however often replayed).
-            added = [
-                add_part(conn, c.tenant_id, c.request_id, c.data["part"]) for c in request.charges
-            ]
-            if result in ("duplicate", "gone"):
-                if "added" in added:
-                    result = "charged"
-                elif "held" in added:
-                    result = "duplicate"
-        return result
+        if result == "erased":
+            return result
+        # Then what amends its record: the intent replaces the keyword one, as live; each
+        # charge is added once, however often the replay repeats.
+        wrote = False
+        if request.intent is not None:
+            head = request.intent
+            wrote = record_intent(
+                conn,
+                tenant_id=head.tenant_id,
+                request_id=head.request_id,
+                detail=head.data["intent"],
+            )
+        for charge in request.charges:
+            part = charge.data["part"]
+            wrote = add_part(conn, charge.tenant_id, charge.request_id, part) == "added" or wrote
+        return "amended" if wrote and result == "duplicate" else result
 
     def _apply_exchange(
         self, request: _Request, tenant: TenantConfig, count: TokenCounter, conn: Connection

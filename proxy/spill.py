@@ -4,9 +4,9 @@ When the database is unreachable or slower than `server.storage_timeout_ms`, a c
 still answered (fail-open, `x-memory-status: degraded`), and what it would have stored goes
 here instead: the user's turn, appended and fsynced before the upstream is called (as the
 database write would have been), then the exchange's outcome when it ends. Outcomes whose
-`finish()` failed, mode-off records whose batch failed, and the costs of the proxy's own model
-calls (an LLM intent, a planner, a summary) that could not be charged to their exchange come
-here too. `SpillReplayer`
+`finish()` failed, mode-off records whose batch failed, and what amends an exchange's record
+after the fact but could not be written to it (the costs of the proxy's own model calls, an
+LLM intent) come here too. `SpillReplayer`
 (proxy/replay.py) writes it all to the database when it answers again, each exchange once
 (entries are keyed by request id), and then deletes the file.
 
@@ -37,8 +37,10 @@ import structlog
 
 log = structlog.get_logger("memproxy.spill")
 
-Kind = Literal["turn", "outcome", "record", "charge"]
-KINDS = ("turn", "outcome", "record", "charge")
+Kind = Literal["turn", "outcome", "record", "charge", "intent"]
+KINDS = ("turn", "outcome", "record", "charge", "intent")
+# Entries that amend the record of a request (`Spilled.holds_user`).
+AMENDS = ("charge", "intent")
 
 
 class SpillFull(Exception):
@@ -48,8 +50,8 @@ class SpillFull(Exception):
 @dataclass(frozen=True, slots=True)
 class Spilled:
     """One line: a turn (what `begin()` was given), an outcome (what `finish()` was given), a
-    whole exchange record (mode off), or a cost part of the proxy's own (a charge), of one
-    request."""
+    whole exchange record (mode off), or an amendment of its record (a cost part of the
+    proxy's own, a charge; the LLM's intent), of one request."""
 
     kind: Kind
     tenant_id: str
@@ -60,9 +62,9 @@ class Spilled:
 
     @property
     def holds_user(self) -> bool:
-        """Whether the user's next turn must wait for it (`SpillFile.holds`): not for a charge,
-        which adds to a record and orders nothing."""
-        return self.kind != "charge"
+        """Whether the user's next turn must wait for it (`SpillFile.holds`): not for a charge
+        or an intent, which amend a record and order nothing."""
+        return self.kind not in AMENDS
 
     def line(self) -> bytes:
         entry = {

@@ -338,30 +338,33 @@ async def test_a_slow_database_degrades_at_the_timeout_and_a_full_spill_is_a_503
         assert headers["x-memory-history-messages"] == "4"
 
 
-async def test_the_proxys_own_calls_for_a_degraded_exchange_are_charged_once_it_is_stored(
+async def test_the_llm_intent_of_a_degraded_exchange_and_its_cost_join_its_record_once_stored(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
-    """A degraded request with an LLM intent: the classifier's cost, charged once the
-    exchange ends, waits in the spill with the exchange and joins its record once that is
-    replayed (it counted against the tenant's budget at once)."""
+    """A degraded request with an LLM intent: the classifier's label and its cost (counted
+    against the tenant's budget at once) wait in the spill with the exchange, and join its
+    record once that is replayed, as they would have live (the replay alone would classify
+    the turn by keywords, and charge nothing)."""
     fake, upstream_url = fake_upstream
     settings, spill, db = on_sqlite(upstream_url, tmp_path)
     intent = IntentSettings(mode="llm", wait_for_llm=True, timeout_ms=60_000)
     settings.tenants["open"] = TenantConfig(api_keys=[OPEN], upstream="main", intent=intent)
     base = serve_proxy(settings)
-    # The classifier is asked (and waited for) first, then the model.
-    fake.script = [model_said('{"label": "question", "confidence": 0.9}', usage=(1000, 100))]
+    # The classifier is asked (and waited for) first, then the model. Its label is one the
+    # keywords would not give this question.
+    fake.script = [model_said('{"label": "feedback", "confidence": 0.9}', usage=(1000, 100))]
     async with sdk(base) as client:
         with sqlite_locked(db):
             _, headers = await say(client, "Is it degraded?")
             assert headers["x-memory-status"] == "degraded"
-            assert headers["x-memory-intent"].startswith("question")
-            await eventually(lambda: _spilled(spill, "charge"), what="the cost was not spilled")
+            assert headers["x-memory-intent"].startswith("feedback;")
+            for kind in ("intent", "charge"):
+                await eventually(lambda k=kind: _spilled(spill, k), what=f"no {kind} spilled")
         await eventually(lambda: has(base, 2, spill))
         async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
             got = await http.get(f"{base}/memory/exchanges/{headers['x-request-id']}")
         record = got.json()
-        assert record["status"] == "complete"
+        assert (record["status"], record["intent"]) == ("complete", "feedback")
         parts = [
             (p["kind"], p["prompt_tokens"], p["completion_tokens"]) for p in record["cost"]["parts"]
         ]

@@ -19,6 +19,7 @@ from proxy.replay import (
     SpillReplayer,
     Wanted,
     spilled_charge,
+    spilled_intent,
     spilled_outcome,
     spilled_record,
     spilled_turn,
@@ -185,7 +186,7 @@ async def test_the_costs_of_a_degraded_exchange_are_added_once_after_it(
     spill.path.write_bytes(lines)
     later = intent_part(0.5, (at + timedelta(seconds=1)).isoformat())
     await spill.add(spilled_charge("t1", "alice", "r1", at, later), bounded=False)
-    assert await replayer(spill, db).replay() == {"charged": 1}
+    assert await replayer(spill, db).replay() == {"amended": 1}
     record = await exchange(db, "r1")
     assert (record.cost_parts, record.cost_memory_usd) == ([first, later], 0.75)
     await spill.add(spilled_charge("t1", "alice", "r1", at, later), bounded=False)
@@ -195,6 +196,32 @@ async def test_the_costs_of_a_degraded_exchange_are_added_once_after_it(
     # A cost for an exchange no longer there (erased, retention) goes nowhere.
     await spill.add(spilled_charge("t1", "alice", "r9", at, first), bounded=False)
     assert await replayer(spill, db).replay() == {"gone": 1}
+
+
+async def test_the_llm_intent_of_a_spilled_exchange_replaces_the_keyword_one(
+    db: Database, spill: SpillFile
+) -> None:
+    at = datetime.now(UTC)
+    await spill_turn(spill, "r1", "first", "one", at=at)
+    detail = {"label": "feedback", "confidence": 0.9, "method": "llm"}
+    await spill.add(spilled_intent("t1", "alice", "r1", at, detail), bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    record = await exchange(db, "r1")
+    assert (record.intent, record.intent_detail) == ("feedback", detail)
+
+    def turn_meta(conn: Any) -> Any:
+        conversations = Conversations(conn)
+        conv = conversations.get("t1", "c1")
+        assert conv is not None
+        return [m.meta for m in conversations.messages("t1", conv.pk) if m.role == "user"]
+
+    assert [m["intent"] for m in await db.read(turn_meta)] == [detail]
+    # Alone (its write failed after the exchange was stored): it amends the record.
+    again = {**detail, "label": "question"}
+    await spill.add(spilled_intent("t1", "alice", "r1", at, again), bounded=False)
+    assert not spill.holds("t1", "alice")  # her next turn need not wait for it
+    assert await replayer(spill, db).replay() == {"amended": 1}
+    assert (await exchange(db, "r1")).intent == "question"
 
 
 async def test_a_turn_whose_outcome_is_not_spilled_yet_waits_in_progress(
