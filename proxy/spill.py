@@ -6,9 +6,9 @@ here instead: the user's turn, appended and fsynced before the upstream is calle
 database write would have been), then the exchange's outcome when it ends. Outcomes whose
 `finish()` failed, mode-off records whose batch failed, and what amends an exchange's record
 after the fact but could not be written to it (the costs of the proxy's own model calls, an
-LLM intent) come here too. `SpillReplayer`
-(proxy/replay.py) writes it all to the database when it answers again, each exchange once
-(entries are keyed by request id), and then deletes the file.
+LLM intent) come here too. `SpillReplayer` (proxy/replay.py) writes it all to the database
+when it answers again, each exchange once (entries are keyed by request id), and then deletes
+the file.
 
 The file is bounded (`server.spill_max_bytes`, counting the file being replayed): a new turn
 that would not fit is refused, and the request gets a 503 rather than an answer that would be
