@@ -94,7 +94,8 @@ class ServerConfig(_Strict):
     # without trying the database (reason `circuit_open`), for `storage_breaker_open_seconds`;
     # then one request tries it, and its success, or a spill replay that stores, closes the
     # circuit. 0 (the default): no breaker, every request tries (and may wait
-    # `storage_timeout_ms`). Off by default: under overload it lost turns (README).
+    # `storage_timeout_ms`). Off by default: under overload (the process queueing, not the
+    # database) it can feed on its own timeouts and degrade most requests (README).
     storage_breaker_threshold: int = Field(0, ge=0)
     storage_breaker_open_seconds: float = Field(5.0, gt=0)
     # GET /v1/memory/users/{id}/export reads and sends the user's rows this many at a time
