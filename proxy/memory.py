@@ -446,8 +446,14 @@ class ConversationMemory:
         hashes = chain_hashes(messages)
         if prior is not None:
             conv = None
-            if prior.conversation_id:
-                conv = conversations.get(turn.tenant_id, prior.conversation_id, for_update=writing)
+            if prior.conversation_id:  # (unless it was deleted since, whatever has its id now)
+                conv = conversations.still(
+                    turn.tenant_id,
+                    prior.conversation_id,
+                    prior.conversation_pk,
+                    turn.user_id,
+                    for_update=writing,
+                )
         elif conversation_id:
             conv = conversations.get(turn.tenant_id, conversation_id, for_update=writing)
             if conv is not None and conv.user_id != turn.user_id:
@@ -577,7 +583,9 @@ def finish_in(
             # Usually nothing was stored since begin(): no need to read the row again.
             store(conv, status)
         except StaleConversation:
-            fresh = conversations.get(turn.tenant_id, conv.id, for_update=True)
+            fresh = conversations.still(
+                turn.tenant_id, conv.id, conv.pk, conv.user_id, for_update=True
+            )
             if fresh is None:  # deleted meanwhile: the reply goes nowhere
                 pass
             elif _answered_meanwhile(conversations, conv):

@@ -430,8 +430,14 @@ class SpillReplayer:
         `finish()` failed), as `finish_in` needs it."""
         conversations = Conversations(conn)
         conv, last = None, None
-        if found.conversation_id is not None:
-            conv = conversations.get(found.tenant_id, found.conversation_id, for_update=True)
+        if found.conversation_id is not None:  # (not another one given its id since)
+            conv = conversations.still(
+                found.tenant_id,
+                found.conversation_id,
+                found.conversation_pk,
+                found.user_id,
+                for_update=True,
+            )
         if conv is not None:
             last = conversations.first_seq_of_exchange(
                 found.tenant_id, conv.pk, found.request_id, last=True

@@ -223,8 +223,10 @@ class HistorySummarizer:
     def _read(
         self, conn: Connection, job: JobRecord, subject: str, conversation_pk: int, through: int
     ) -> _Work | None:
-        conversation = Conversations(conn).get(job.tenant_id, subject)
-        if conversation is None or conversation.pk != conversation_pk:
+        conversation = Conversations(conn).still(
+            job.tenant_id, subject, conversation_pk, job.user_id
+        )
+        if conversation is None:
             return None
         summaries = Summaries(conn)
         previous = summaries.latest(job.tenant_id, KIND, subject)
@@ -304,8 +306,14 @@ class HistorySummarizer:
     ) -> dict[str, Any]:
         # The conversation's row, locked: a delete meanwhile means the summary goes nowhere,
         # and two jobs of one conversation store theirs one after the other.
-        conversation = Conversations(conn).get(job.tenant_id, subject, for_update=True)
-        if conversation is None or conversation.pk != job.payload["conversation_pk"]:
+        conversation = Conversations(conn).still(
+            job.tenant_id,
+            subject,
+            int(job.payload["conversation_pk"]),
+            job.user_id,
+            for_update=True,
+        )
+        if conversation is None:
             return {"skipped": "the conversation is gone"}
         summaries = Summaries(conn)
         newest = covered(summaries.latest(job.tenant_id, KIND, subject))

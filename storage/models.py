@@ -24,7 +24,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY. Its tables are
+# AUTOINCREMENT (migration 0012): a deleted row's key is never given to another, as on
+# PostgreSQL, since what still holds it (a turn, a job, a spilled exchange) must not name a row
+# that may be another user's.
 PK = BigInteger().with_variant(Integer(), "sqlite")
 
 

@@ -51,9 +51,13 @@ _MESSAGE_AT = select(*_MESSAGE_COLUMNS).where(
 _INSERT_CONVERSATION = insert(C).returning(C.c.pk)
 _INSERT_MESSAGES = insert(M)
 # SET comes from the parameters' column keys; the WHERE binds are named apart from them.
+# The id and owner are checked with the pk: the row read may have been deleted meanwhile and
+# its pk taken by another conversation.
 _ADVANCE = update(C).where(
     C.c.tenant_id == bindparam("w_tenant"),
     C.c.pk == bindparam("w_pk"),
+    C.c.id == bindparam("w_id"),
+    C.c.user_id == bindparam("w_owner"),
     C.c.next_seq == bindparam("w_seq"),
 )
 _TAIL = (
@@ -131,6 +135,26 @@ class Conversations:
         row = self.conn.execute(query, {"w_tenant": tenant_id, "w_id": conversation_id}).first()
         return _conversation(row) if row else None
 
+    def still(
+        self,
+        tenant_id: str,
+        conversation_id: str,
+        pk: int | None,
+        user_id: str,
+        *,
+        for_update: bool = False,
+    ) -> ConversationRecord | None:
+        """The conversation `conversation_id` read again, if it is still the row `pk` of
+        `user_id`; None once that one was deleted, even when the id names another conversation
+        now (another user's, or a new one of theirs). What a turn, a job or a replay read
+        earlier is found again this way, never by its id alone."""
+        if pk is None:
+            return None
+        found = self.get(tenant_id, conversation_id, for_update=for_update)
+        if found is None or found.pk != pk or found.user_id != user_id:
+            return None
+        return found
+
     def find_by_chain(
         self, tenant_id: str, user_id: str, hashes: Sequence[str], *, for_update: bool = False
     ) -> ConversationRecord | None:
@@ -145,7 +169,7 @@ class Conversations:
             best = self._longest_prefix(tenant_id, user_id, hashes)
             if best is None or not for_update:
                 return best
-            locked = self.get(tenant_id, best.id, for_update=True)
+            locked = self.still(tenant_id, best.id, best.pk, user_id, for_update=True)
             # A concurrent request may have moved it on between the probe and the lock.
             if locked is not None and locked.chain_hash == best.chain_hash:
                 return locked
@@ -233,7 +257,13 @@ class Conversations:
             "chain_hash": chain_hash,
             "updated_at": now,
         }
-        where = {"w_tenant": conversation.tenant_id, "w_pk": conversation.pk, "w_seq": seq}
+        where = {
+            "w_tenant": conversation.tenant_id,
+            "w_pk": conversation.pk,
+            "w_id": conversation.id,
+            "w_owner": conversation.user_id,
+            "w_seq": seq,
+        }
         if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
             raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
         self.conn.execute(_INSERT_MESSAGES, _rows(conversation, user_id, seq, messages, now))

@@ -421,3 +421,48 @@ async def test_next_turn_waits_for_a_reply_still_being_written(
     turn = await second
     assert written.is_set()
     assert history(turn) == [user("q1"), assistant("A1")]
+
+
+async def delete(db: Database, conversation_id: str) -> None:
+    assert await db.write(lambda conn: Conversations(conn).delete("t1", conversation_id))
+
+
+async def test_a_reply_whose_conversation_was_deleted_never_lands_in_whatever_has_its_id_now(
+    memory: ConversationMemory, db: Database
+) -> None:
+    turn = await begin(memory, [user("alice's private question")], conversation_id="chat-9")
+    await delete(db, "chat-9")  # while the upstream is answering
+    await exchange_turn(memory, [user("bob only")], "ok", conversation_id="chat-9", user_id="bob")
+    await answer(memory, turn, "alice's answer")
+    assert await stored(db, "chat-9") == [("user", "bob only"), ("assistant", "ok")]
+
+
+async def test_a_reply_whose_conversation_was_deleted_never_lands_in_the_next_one_made(
+    memory: ConversationMemory, db: Database
+) -> None:
+    """The deleted conversation was the newest: its key is not given to the next one."""
+    turn = await begin(memory, [user("alice's private question")], conversation_id="slow-1")
+    await delete(db, "slow-1")
+    bobs = await exchange_turn(
+        memory, [user("bob only")], None, conversation_id="bob-new", user_id="bob"
+    )
+    await answer(memory, turn, "alice's answer")
+    assert await stored(db, "bob-new") == [("user", "bob only")]
+    assert turn.conversation is not None and bobs.conversation is not None
+    assert bobs.conversation.pk > turn.conversation.pk
+
+
+async def test_a_retry_after_its_conversation_was_deleted_sees_nothing_of_whoever_has_its_id(
+    memory: ConversationMemory, db: Database
+) -> None:
+    await exchange_turn(
+        memory, [user("alice's question")], None, conversation_id="c-2", idempotency_key="k2"
+    )  # the upstream failed
+    await delete(db, "c-2")
+    await exchange_turn(
+        memory, [user("bob: my PIN is 4321")], "noted", conversation_id="c-2", user_id="bob"
+    )
+    retry = await begin(memory, [user("alice's question")], idempotency_key="k2")
+    assert history(retry) == [] and retry.conversation_id != "c-2"
+    await answer(memory, retry, "alice's answer")
+    assert await stored(db, "c-2") == [("user", "bob: my PIN is 4321"), ("assistant", "noted")]

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from alembic import command
 from sqlalchemy import Connection, inspect, text
 
 from policies.identity import chain_hashes
@@ -24,6 +25,7 @@ from storage.records import (
 )
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.search import MessageSearch
 from storage.repositories.system import SystemRepository
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -636,6 +638,62 @@ async def test_migrations_build_the_models_schema_and_running_again_changes_noth
         columns, indexes = after[table.name]
         assert columns == {c.name for c in table.columns}
         assert {str(i.name) for i in table.indexes} <= indexes
+
+
+async def test_migration_0012_keeps_every_row_and_its_search_and_keys_are_never_reused(
+    database_url: str,
+) -> None:
+    """On SQLite the tables are rebuilt with AUTOINCREMENT (PostgreSQL's sequences never reused
+    a key): rows, keys and the full-text index's triggers survive, down and up again."""
+
+    async def zebras() -> list[int]:
+        db = Database(database_url)  # one per schema: PostgreSQL's cached plans do not survive it
+        try:
+            hits = await db.read(lambda c: MessageSearch(c).search("t1", "alice", ["zebra"]))
+            return sorted(h.conversation_pk for h in hits)
+        finally:
+            await db.dispose()
+
+    await asyncio.to_thread(migrate.upgrade, database_url, "0011")
+    db = Database(database_url)
+    try:
+        kept = await new_conversation(db, "kept", [msg("user", "a zebra"), msg("assistant", "ok")])
+    finally:
+        await db.dispose()
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    assert await zebras() == [kept.pk]
+    db = Database(database_url)
+    try:
+        newer = await new_conversation(db, "newer", [msg("user", "another zebra")])
+        assert await db.write(lambda conn: Conversations(conn).delete("t1", "newer"))
+        newest = await new_conversation(db, "newest", [msg("user", "no stripes")])
+        assert newest.pk > newer.pk > kept.pk  # the newest one's key was not given again
+        assert len(await db.read(lambda c: Conversations(c).messages("t1", kept.pk))) == 2
+    finally:
+        await db.dispose()
+    assert await zebras() == [kept.pk]  # the delete trigger took "another zebra" out
+    await asyncio.to_thread(command.downgrade, migrate.alembic_config(database_url), "0011")
+    assert await zebras() == [kept.pk]
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    assert await zebras() == [kept.pk]
+
+
+async def test_a_conversation_is_found_again_only_while_it_is_the_same_one(db: Database) -> None:
+    """`still`: what a turn, job or replay read earlier, never another conversation given its
+    id since (another user's, or the same user's new one)."""
+    first = await new_conversation(db, "c1", dialogue(1))
+
+    async def found(pk: int | None, user: str = "alice") -> ConversationRecord | None:
+        return await db.read(lambda conn: Conversations(conn).still("t1", "c1", pk, user))
+
+    assert await found(first.pk) == first
+    assert await found(first.pk, "bob") is None
+    assert await found(None) is None  # (an exchange whose conversation was deleted)
+    assert await db.write(lambda conn: Conversations(conn).delete("t1", "c1"))
+    assert await found(first.pk) is None
+    second = await new_conversation(db, "c1", dialogue(1), user="bob")
+    assert await found(first.pk) is None and await found(first.pk, "bob") is None
+    assert await found(second.pk, "bob") == second
 
 
 async def test_concurrent_writers_never_find_the_database_locked(db: Database) -> None:

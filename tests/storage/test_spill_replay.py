@@ -425,3 +425,24 @@ async def test_the_retry_of_an_answered_turn_does_not_store_its_reply_again(
     assert await replayer(spill, db).replay() == {"replayed": 1}
     assert await messages(db) == [("user", "u1", "complete"), ("assistant", "a1", "complete")]
     assert (await exchange(db, retry.request_id)).status == "complete"
+
+
+async def test_a_replayed_reply_whose_conversation_was_deleted_goes_to_no_one_else(
+    db: Database, spill: SpillFile
+) -> None:
+    memory = ConversationMemory(db)
+    turn = await begin(memory, [user("alice's question")], conversation_id="c1")
+    assert await db.write(lambda conn: Conversations(conn).delete("t1", "c1"))
+    bobs = await begin(memory, [user("bob only")], conversation_id="c1", user_id="bob")
+    await memory.finish(bobs, reply("ok"))
+    # Alice's finish() failed; her outcome waited in the spill while all this happened.
+    entry = spilled_outcome(
+        "t1", "alice", turn.request_id, datetime.now(UTC), reply("hers"), turn=turn
+    )
+    await spill.add(entry, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db) == [
+        ("user", "bob only", "complete"),
+        ("assistant", "ok", "complete"),
+    ]
+    assert (await exchange(db, turn.request_id)).status == "complete"

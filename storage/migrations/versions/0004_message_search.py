@@ -11,7 +11,7 @@ PostgreSQL: a GIN index on the English tsvector of `search_text`; queries use th
 expression (storage/repositories/search.py).
 
 A later migration that rebuilds the messages table on SQLite (batch mode) drops the triggers:
-it must create them again.
+it must create them again (0012 does).
 """
 
 from __future__ import annotations
