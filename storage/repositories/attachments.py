@@ -26,7 +26,7 @@ from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS
 from storage.records import AttachmentRecord, ChunkRecord
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import columns, utc_row
-from storage.repositories.summaries import Summaries
+from storage.repositories.summaries import ATTACHMENT, Summaries
 
 A = ATTACHMENTS
 K = ATTACHMENT_CHUNKS
@@ -258,7 +258,7 @@ class Attachments:
         found = self.get(tenant_id, attachment_id)
         if found is None:
             return False
-        Summaries(self.conn).delete_subjects(tenant_id, [attachment_id])
+        Summaries(self.conn).delete_subjects(tenant_id, ATTACHMENT, [attachment_id])
         self.conn.execute(
             delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk == found.pk)
         )
@@ -274,7 +274,8 @@ class Attachments:
         ids = select(A.c.id).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
-        Summaries(self.conn).delete_subjects(tenant_id, list(self.conn.execute(ids).scalars()))
+        subjects = list(self.conn.execute(ids).scalars())
+        Summaries(self.conn).delete_subjects(tenant_id, ATTACHMENT, subjects)
         self.conn.execute(delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk.in_(owned)))
         result = self.conn.execute(
             delete(A).where(A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk)

@@ -16,7 +16,7 @@ from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.attachments import Attachments
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import scope_token, searchable_text
-from storage.repositories.summaries import Summaries
+from storage.repositories.summaries import HISTORY, Summaries
 from storage.repositories.vectors import MessageVectors
 
 C = CONVERSATIONS
@@ -341,7 +341,7 @@ class Conversations:
         if found is None:
             return False
         MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
-        Summaries(self.conn).delete_subjects(tenant_id, [conversation_id])  # (its history's)
+        Summaries(self.conn).delete_subjects(tenant_id, HISTORY, [conversation_id])
         Attachments(self.conn).delete_conversation(tenant_id, found.pk)  # (theirs too)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)

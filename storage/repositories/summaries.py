@@ -21,6 +21,13 @@ S = SUMMARIES
 _COLUMNS = columns(S, SummaryRecord)
 
 
+# What a summary's subject names, by its kind (policies/summaries.py's KIND and
+# policies/artifacts.py's SUMMARY_KIND): a conversation's id, or an attachment's. The two are
+# chosen apart (a client may name a conversation like an attachment), so deletes name the kind.
+HISTORY = "history"
+ATTACHMENT = "attachment"
+
+
 def summary_key(*parts: str) -> str:
     """The cache key of a summary: a hash of what was summarised, the focus and the model
     (and anything else that changes the result)."""
@@ -102,12 +109,14 @@ class Summaries:
         rows = self.conn.execute(query.order_by(S.c.pk).limit(limit))
         return [_record(r) for r in rows]
 
-    def delete_subjects(self, tenant_id: str, subjects: Sequence[str]) -> int:
-        """Delete every summary about these subjects (of any kind)."""
+    def delete_subjects(self, tenant_id: str, kind: str, subjects: Sequence[str]) -> int:
+        """Delete every summary of `kind` about these subjects."""
         if not subjects:
             return 0
         result = self.conn.execute(
-            delete(S).where(S.c.tenant_id == tenant_id, S.c.subject.in_(list(subjects)))
+            delete(S).where(
+                S.c.tenant_id == tenant_id, S.c.kind == kind, S.c.subject.in_(list(subjects))
+            )
         )
         return int(result.rowcount)
 
