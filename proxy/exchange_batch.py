@@ -16,6 +16,7 @@ from proxy.replay import spilled_record
 from proxy.spill import SpillFile
 from storage.database import Database
 from storage.errors import StorageError, StorageUnavailable
+from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 
 log = structlog.get_logger("memproxy.exchanges")
@@ -43,10 +44,12 @@ class DeferredExchanges:
             return
         self._rows.append(pending_row(turn, outcome))
         if self._flusher is None:
+            # Sleeping from now: a close() before the task first runs cancels it too, rather
+            # than waiting out its delay.
+            self._sleeping = True
             self._flusher = asyncio.create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
-        self._sleeping = True
         try:
             await asyncio.sleep(self.delay)
         finally:
@@ -101,4 +104,17 @@ class DeferredExchanges:
 
 
 def _insert_finished(rows: list[dict[str, Any]], conn: Connection) -> None:
-    Exchanges(conn).insert_finished(rows)
+    """The records, but for those of users erased since their request began (the erasure
+    settles the batch first, but a request still waiting for its upstream adds to it later),
+    as the spill's replay leaves them out."""
+    erasures = Erasures(conn)
+    users = sorted({(r["tenant_id"], r["user_id"]) for r in rows})
+    for tenant_id, user_id in users:
+        erasures.share(tenant_id, user_id)
+    Exchanges(conn).insert_finished(
+        [
+            r
+            for r in rows
+            if not erasures.erased_since(r["tenant_id"], r["user_id"], r["started_at"])
+        ]
+    )

@@ -43,6 +43,7 @@ from storage.database import Database
 from storage.errors import ConflictError, StaleConversation, StorageTimeout
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
+from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 
@@ -398,6 +399,7 @@ class ConversationMemory:
         conn: Connection,
     ) -> None:
         """`begin()`'s work inside the caller's transaction (also the spill's replay)."""
+        Erasures(conn).share(turn.tenant_id, turn.user_id)  # never half before an erasure
         key = self._resolve(
             conn,
             turn,
@@ -444,17 +446,19 @@ class ConversationMemory:
         conversations = Conversations(conn)
         writing = turn.mode == "full"
         hashes = chain_hashes(messages)
-        if prior is not None:
-            conv = None
-            if prior.conversation_id:  # (unless it was deleted since, whatever has its id now)
-                conv = conversations.still(
-                    turn.tenant_id,
-                    prior.conversation_id,
-                    prior.conversation_pk,
-                    turn.user_id,
-                    for_update=writing,
-                )
-        elif conversation_id:
+        conv = None
+        if prior is not None and prior.conversation_id:
+            # The original's conversation, unless it was deleted since (whatever has its id
+            # now is another one): then the retry is stored as a new request would be.
+            conv = conversations.still(
+                turn.tenant_id,
+                prior.conversation_id,
+                prior.conversation_pk,
+                turn.user_id,
+                for_update=writing,
+            )
+        retry = prior if conv is not None else None
+        if conv is None and conversation_id:
             conv = conversations.get(turn.tenant_id, conversation_id, for_update=writing)
             if conv is not None and conv.user_id != turn.user_id:
                 raise NotFound(
@@ -462,44 +466,42 @@ class ConversationMemory:
                     param="X-Memory-Conversation-Id",
                     code="conversation_not_found",
                 )
-        else:
+        elif conv is None:
             conv = conversations.find_by_chain(
                 turn.tenant_id, turn.user_id, hashes, for_update=writing
             )
         if conv is None:
             intent = classify([])
             if writing:
-                # A new conversation: everything the request carries is new (but for a
-                # replay, whose original stored it elsewhere), stored as the conversation opens.
+                # A new conversation: everything the request carries is new, stored as the
+                # conversation opens.
                 turn.conversation = conversations.create(
                     turn.tenant_id,
                     turn.user_id,
                     conversation_id or new_conversation_id(),
                     now=now(),
                     fingerprint=fingerprint(messages),
-                    messages=[]
-                    if prior
-                    else _new_messages(messages, hashes, count, turn.request_id, intent),
+                    messages=_new_messages(messages, hashes, count, turn.request_id, intent),
                 )
-                turn.store_reply = prior is None or prior.status != "complete"
+                turn.store_reply = True
             return key
         turn.conversation = conv
         window = max(context.max_history_messages, context.min_recent_messages) + TAIL_SLACK
         tail: list[MessageRecord] = []
         chain_count, chain_hash = conv.chain_count, conv.chain_hash
-        if prior is not None:
+        if retry is not None:
             # A replay is answered against the conversation as its original found it: without
             # the original's own messages and reply, and without anything stored after them.
             tail = conversations.tail(turn.tenant_id, conv.pk, window)
             cut = next(
-                (i for i, m in enumerate(tail) if m.exchange_id == prior.request_id), len(tail)
+                (i for i, m in enumerate(tail) if m.exchange_id == retry.request_id), len(tail)
             )
             dropped = [m.to_openai() for m in tail[cut:]]
             chain_count, chain_hash = rewind(chain_count, chain_hash, hashes, dropped)
             # What the original stored, and everything after it, is hidden from recall too,
             # however far back it now is.
             turn.visible_before = conversations.first_seq_of_exchange(
-                turn.tenant_id, conv.pk, prior.request_id
+                turn.tenant_id, conv.pk, retry.request_id
             )
             tail = tail[:cut]
         elif chain_count and not continues(chain_count, chain_hash, hashes):
@@ -510,9 +512,9 @@ class ConversationMemory:
         if split.attach_history:
             kept = tail[: len(tail) - split.overlap]
             turn.history = [_stored(m) for m in kept if m.role not in ("system", "developer")]
-        new = [] if prior is not None else split.new
+        new = [] if retry is not None else split.new
         intent = classify([t.message for t in turn.history])
-        turn.store_reply = writing and (prior is None or prior.status != "complete")
+        turn.store_reply = writing and (retry is None or retry.status != "complete")
         if turn.visible_before is None:
             turn.visible_before = conv.next_seq  # this turn's own messages come next
         if writing and new:
@@ -557,6 +559,7 @@ def finish_in(
     """`finish()`'s work inside the caller's transaction (also the spill's replay): `status`
     and `reply` are the outcome's, `fields` the exchange record's columns for it;
     `replied_at` dates the reply (default: now)."""
+    Erasures(conn).share(turn.tenant_id, turn.user_id)
     conv = turn.conversation
     stored = None
     if turn.store_reply and conv is not None and reply is not None:
@@ -586,14 +589,18 @@ def finish_in(
             fresh = conversations.still(
                 turn.tenant_id, conv.id, conv.pk, conv.user_id, for_update=True
             )
-            if fresh is None:  # deleted meanwhile: the reply goes nowhere
-                pass
+            if fresh is None:  # deleted meanwhile: the reply goes nowhere, nor any job
+                conv = None
             elif _answered_meanwhile(conversations, conv):
                 # Another attempt at the same turn (a retry that overtook this one)
                 # answered it first: keep this reply for the record, outside the chain.
                 store(fresh, "superseded" if status == "complete" else status)
             else:
                 store(fresh, status)
+    elif conv is not None and (turn.embed or turn.summarize_through is not None):
+        # Nothing stored now: work is queued for the conversation only if it is still there
+        # (not deleted, or its user erased, while the upstream answered).
+        conv = Conversations(conn).still(turn.tenant_id, conv.id, conv.pk, conv.user_id)
     if turn.pending is not None:  # nothing was written for it yet
         Exchanges(conn).insert_finished([pending_fields(turn.pending) | fields])
     else:

@@ -104,12 +104,14 @@ async def summarize_history(
     settings = tenant.summaries
     if settings.mode == "off":
         return HistorySummary(history, record={"used": False, "reason": "off"})
-    tenant_id, subject = turn.tenant_id, turn.conversation.id
+    tenant_id, user_id, subject = turn.tenant_id, turn.user_id, turn.conversation.id
     metrics = services.metrics.summary_cache
+
+    def read(conn: Connection) -> SummaryRecord | None:
+        return Summaries(conn).latest(tenant_id, user_id, KIND, subject)
+
     try:
-        found = await services.memory.in_time(
-            services.db.read(lambda conn: Summaries(conn).latest(tenant_id, KIND, subject))
-        )
+        found = await services.memory.in_time(services.db.read(read))
     except StorageError as exc:  # a summary is an addition: without it the request goes on
         log.warning("summary_not_read", request_id=turn.request_id, error=str(exc))
         return HistorySummary(history, record={"used": False, "reason": "unavailable"})
@@ -229,7 +231,7 @@ class HistorySummarizer:
         if conversation is None:
             return None
         summaries = Summaries(conn)
-        previous = summaries.latest(job.tenant_id, KIND, subject)
+        previous = summaries.latest(job.tenant_id, job.user_id, KIND, subject)
         after = covered(previous) or 0
         if after >= through:
             return _Work(previous, [])
@@ -316,7 +318,7 @@ class HistorySummarizer:
         if conversation is None:
             return {"skipped": "the conversation is gone"}
         summaries = Summaries(conn)
-        newest = covered(summaries.latest(job.tenant_id, KIND, subject))
+        newest = covered(summaries.latest(job.tenant_id, job.user_id, KIND, subject))
         if newest is not None and newest >= through:
             return {"skipped": "a summary reaching as far is there", "through_seq": newest}
         model = self.config.tenants[job.tenant_id].summaries.model

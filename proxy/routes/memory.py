@@ -357,6 +357,9 @@ async def delete_user(
         erasures = Erasures(conn)
         erasures.lock(tenant, user_id)
         erasures.record(tenant, user_id, now())
+        # Jobs first: one being applied holds its row, so this waits for it to commit and
+        # the deletes below take what it wrote (a later one finds its job gone).
+        jobs = Jobs(conn).delete_user(tenant, user_id)
         vectors = MessageVectors(conn).delete_user(tenant, user_id)
         attachments = Attachments(conn).delete_user(tenant, user_id)
         counts = Conversations(conn).delete_user(tenant, user_id)
@@ -364,7 +367,7 @@ async def delete_user(
             **counts,
             "attachments": attachments,
             "memories": Memories(conn).delete_user(tenant, user_id),
-            "jobs": Jobs(conn).delete_user(tenant, user_id),
+            "jobs": jobs,
             "summaries": Summaries(conn).delete_user(tenant, user_id),
             "vectors": vectors,
         }

@@ -26,7 +26,7 @@ from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS
 from storage.records import AttachmentRecord, ChunkRecord
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import columns, utc_row
-from storage.repositories.summaries import ATTACHMENT, Summaries
+from storage.repositories.summaries import Summaries
 
 A = ATTACHMENTS
 K = ATTACHMENT_CHUNKS
@@ -258,7 +258,7 @@ class Attachments:
         found = self.get(tenant_id, attachment_id)
         if found is None:
             return False
-        Summaries(self.conn).delete_subjects(tenant_id, ATTACHMENT, [attachment_id])
+        Summaries(self.conn).delete_subjects(tenant_id, found.user_id, [attachment_id])
         self.conn.execute(
             delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk == found.pk)
         )
@@ -271,11 +271,14 @@ class Attachments:
         owned = select(A.c.pk).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
-        ids = select(A.c.id).where(
+        ids = select(A.c.user_id, A.c.id).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
-        subjects = list(self.conn.execute(ids).scalars())
-        Summaries(self.conn).delete_subjects(tenant_id, ATTACHMENT, subjects)
+        by_user: dict[str, list[str]] = {}
+        for user_id, attachment_id in self.conn.execute(ids):
+            by_user.setdefault(user_id, []).append(attachment_id)
+        for user_id, subjects in by_user.items():  # (the conversation's user's, in practice)
+            Summaries(self.conn).delete_subjects(tenant_id, user_id, subjects)
         self.conn.execute(delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk.in_(owned)))
         result = self.conn.execute(
             delete(A).where(A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk)

@@ -16,7 +16,7 @@ from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.attachments import Attachments
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import scope_token, searchable_text
-from storage.repositories.summaries import HISTORY, Summaries
+from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
 C = CONVERSATIONS
@@ -337,11 +337,13 @@ class Conversations:
     def delete(self, tenant_id: str, conversation_id: str) -> bool:
         """Delete a conversation, its messages, attachments and the summaries made of them
         (its history's, its documents' and tool results'); its exchanges keep their figures."""
-        found = self.get(tenant_id, conversation_id)
+        # Locked first: a job or turn writing for it finishes before (and is deleted with it)
+        # or after (and finds it gone), never in between the statements below.
+        found = self.get(tenant_id, conversation_id, for_update=True)
         if found is None:
             return False
         MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
-        Summaries(self.conn).delete_subjects(tenant_id, HISTORY, [conversation_id])
+        Summaries(self.conn).delete_subjects(tenant_id, found.user_id, [conversation_id])
         Attachments(self.conn).delete_conversation(tenant_id, found.pk)  # (theirs too)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)

@@ -30,12 +30,23 @@ class Erasures:
         self.conn = conn
 
     def lock(self, tenant_id: str, user_id: str) -> None:
-        """Serialise this transaction with any other erasing or replaying the same user (on
-        PostgreSQL; SQLite has one writer at a time anyway): a replay then either sees the
-        erasure or is wholly before it, and so deleted by it."""
+        """Serialise this transaction with any other erasing or replaying the same user, and
+        with every one that `share`s the lock (on PostgreSQL; SQLite has one writer at a time
+        anyway): a replay then either sees the erasure or is wholly before it, and so deleted
+        by it."""
+        self._advisory("pg_advisory_xact_lock", tenant_id, user_id)
+
+    def share(self, tenant_id: str, user_id: str) -> None:
+        """Let this transaction (one that stores a turn, a reply or an exchange record of the
+        user) run beside others of its kind but never beside the user's erasure: it commits
+        wholly before the erasure, which deletes what it wrote, or wholly after. Take it
+        before any row lock (as `lock` is), so the two never wait for each other."""
+        self._advisory("pg_advisory_xact_lock_shared", tenant_id, user_id)
+
+    def _advisory(self, function: str, tenant_id: str, user_id: str) -> None:
         if self.conn.dialect.name == "postgresql":
             self.conn.execute(
-                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                text(f"SELECT {function}(hashtextextended(:key, 0))"),
                 {"key": f"erasure:{len(tenant_id)}:{tenant_id}:{user_id}"},
             )
 

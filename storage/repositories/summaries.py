@@ -21,13 +21,6 @@ S = SUMMARIES
 _COLUMNS = columns(S, SummaryRecord)
 
 
-# What a summary's subject names, by its kind (policies/summaries.py's KIND and
-# policies/artifacts.py's SUMMARY_KIND): a conversation's id, or an attachment's. The two are
-# chosen apart (a client may name a conversation like an attachment), so deletes name the kind.
-HISTORY = "history"
-ATTACHMENT = "attachment"
-
-
 def summary_key(*parts: str) -> str:
     """The cache key of a summary: a hash of what was summarised, the focus and the model
     (and anything else that changes the result)."""
@@ -89,11 +82,17 @@ class Summaries:
         result = self.conn.execute(insert(S).values(values).on_conflict_do_nothing())
         return bool(result.rowcount)
 
-    def latest(self, tenant_id: str, kind: str, subject: str) -> SummaryRecord | None:
-        """The newest summary of a kind about a subject (e.g. a conversation's history)."""
+    def latest(self, tenant_id: str, user_id: str, kind: str, subject: str) -> SummaryRecord | None:
+        """The user's newest summary of a kind about a subject (e.g. a conversation's
+        history: the user's only, as another user's conversation may have had its id)."""
         row = self.conn.execute(
             select(*_COLUMNS)
-            .where(S.c.tenant_id == tenant_id, S.c.kind == kind, S.c.subject == subject)
+            .where(
+                S.c.tenant_id == tenant_id,
+                S.c.user_id == user_id,
+                S.c.kind == kind,
+                S.c.subject == subject,
+            )
             .order_by(S.c.pk.desc())
             .limit(1)
         ).first()
@@ -109,13 +108,18 @@ class Summaries:
         rows = self.conn.execute(query.order_by(S.c.pk).limit(limit))
         return [_record(r) for r in rows]
 
-    def delete_subjects(self, tenant_id: str, kind: str, subjects: Sequence[str]) -> int:
-        """Delete every summary of `kind` about these subjects."""
+    def delete_subjects(self, tenant_id: str, user_id: str, subjects: Sequence[str]) -> int:
+        """Delete every summary (of any kind) the user has about these subjects: a
+        conversation's id (its history's, its tool results' and inline documents') or an
+        attachment's. The user's only: a client may name a conversation like another user's
+        attachment, and their summaries are not its."""
         if not subjects:
             return 0
         result = self.conn.execute(
             delete(S).where(
-                S.c.tenant_id == tenant_id, S.c.kind == kind, S.c.subject.in_(list(subjects))
+                S.c.tenant_id == tenant_id,
+                S.c.user_id == user_id,
+                S.c.subject.in_(list(subjects)),
             )
         )
         return int(result.rowcount)

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, func, select, text
 
-from policies import artifacts, summaries
 from storage.database import Database
 from storage.errors import ConflictError
 from storage.models import ATTACHMENT_CHUNKS
 from storage.records import AttachmentRecord
 from storage.repositories.attachments import Attachments, ChunkHit, new_attachment_id
 from storage.repositories.conversations import Conversations
-from storage.repositories.summaries import ATTACHMENT, HISTORY, Summaries
+from storage.repositories.summaries import Summaries
 from tests.storage.test_repositories import T0, at, new_conversation
 
 HARBOUR = [
@@ -264,18 +263,20 @@ async def test_the_newest_some_chunks_and_content_hashes(db: Database) -> None:
     assert await db.read(some("t2")) == []
 
 
-async def test_a_conversation_named_like_an_attachment_takes_only_its_own_summaries(
+async def test_a_conversation_named_like_another_users_attachment_keeps_apart_from_it(
     db: Database,
 ) -> None:
+    """Summaries are deleted with their subject (a conversation's id or an attachment's) and
+    only the deleting owner's: a client may name a conversation like another's attachment."""
     await new_conversation(db, "c1")
     doc = await attach(db, "c1", HARBOUR)
     await new_conversation(db, doc.id, user="bob")  # conversation ids are the client's choice
 
-    def summarise(conn: Connection, kind: str, user: str) -> None:
+    def summarise(conn: Connection, key: str, user: str) -> None:
         Summaries(conn).put(
             "t1",
-            f"{kind}-key",
-            kind=kind,
+            key,
+            kind="attachment",
             user_id=user,
             subject=doc.id,
             model="m",
@@ -284,14 +285,12 @@ async def test_a_conversation_named_like_an_attachment_takes_only_its_own_summar
             now=T0,
         )
 
-    await db.write(lambda c: summarise(c, ATTACHMENT, "alice"))
-    await db.write(lambda c: summarise(c, HISTORY, "bob"))
-    assert await db.write(lambda c: Conversations(c).delete("t1", doc.id))
-    assert await db.read(lambda c: Summaries(c).get("t1", "history-key")) is None
-    assert await db.read(lambda c: Summaries(c).get("t1", "attachment-key")) is not None
+    await db.write(lambda c: summarise(c, "alice's", "alice"))
+    await db.write(lambda c: summarise(c, "bob's", "bob"))
     assert await db.write(lambda c: Attachments(c).delete("t1", doc.id))
-    assert await db.read(lambda c: Summaries(c).get("t1", "attachment-key")) is None
-
-
-def test_the_summary_kinds_deletes_name_are_the_ones_summaries_are_made_with() -> None:
-    assert (HISTORY, ATTACHMENT) == (summaries.KIND, artifacts.SUMMARY_KIND)
+    assert await db.read(lambda c: Summaries(c).get("t1", "alice's")) is None
+    assert await db.read(lambda c: Summaries(c).get("t1", "bob's")) is not None
+    await db.write(lambda c: summarise(c, "alice's", "alice"))
+    assert await db.write(lambda c: Conversations(c).delete("t1", doc.id))
+    assert await db.read(lambda c: Summaries(c).get("t1", "bob's")) is None
+    assert await db.read(lambda c: Summaries(c).get("t1", "alice's")) is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from proxy.spill import SpillFile
 from storage.database import Database
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.conversations import Conversations
+from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.jobs import Jobs
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 _request_ids = itertools.count(1)
@@ -462,7 +465,47 @@ async def test_a_retry_after_its_conversation_was_deleted_sees_nothing_of_whoeve
     await exchange_turn(
         memory, [user("bob: my PIN is 4321")], "noted", conversation_id="c-2", user_id="bob"
     )
+    with pytest.raises(NotFound):  # as any request naming bob's conversation
+        await begin(memory, [user("alice's question")], conversation_id="c-2", idempotency_key="k2")
     retry = await begin(memory, [user("alice's question")], idempotency_key="k2")
     assert history(retry) == [] and retry.conversation_id != "c-2"
     await answer(memory, retry, "alice's answer")
     assert await stored(db, "c-2") == [("user", "bob: my PIN is 4321"), ("assistant", "noted")]
+    # Her conversation went: the retry is stored as a new request would be, turn and reply.
+    assert await stored(db, retry.conversation_id) == [
+        ("user", "alice's question"),
+        ("assistant", "alice's answer"),
+    ]
+
+
+@pytest.mark.parametrize("reply", ["an answer", None])
+async def test_a_turn_whose_conversation_was_deleted_queues_no_work_for_it(
+    memory: ConversationMemory, db: Database, reply: str | None
+) -> None:
+    """The user was erased (or the conversation deleted) while the upstream answered: neither
+    the reply nor an embedding or summary job for the conversation is written back."""
+    turn = await begin(memory, [user("q")], conversation_id="c1")
+    turn.embed, turn.summarize_through = True, 1
+    await delete(db, "c1")
+    await answer(memory, turn, reply)
+    assert await db.read(lambda conn: Jobs(conn).find("t1", limit=10)) == []
+    # The same turn with its conversation there queues both.
+    kept = await begin(memory, [user("q")], conversation_id="c2")
+    kept.embed, kept.summarize_through = True, 1
+    await answer(memory, kept, reply)
+    jobs = await db.read(lambda conn: Jobs(conn).find("t1", limit=10))
+    assert sorted(j.kind for j in jobs) == ["embed_messages", "summarize_history"]
+
+
+async def test_a_mode_off_record_of_a_user_erased_while_it_ran_is_not_written_after(
+    db: Database, memory: ConversationMemory, tmp_path: Path
+) -> None:
+    deferred = DeferredExchanges(db, SpillFile(tmp_path / "spill.jsonl", 2**20), delay=3600)
+    erased = await begin(memory, [user("my SSN is 078-05-1120")], mode="off")
+    kept = await begin(memory, [user("hello")], mode="off", user_id="bob")
+    await db.write(lambda conn: Erasures(conn).record("t1", "alice", datetime.now(UTC)))
+    for turn in (erased, kept):  # their upstreams answered after the erasure
+        deferred.add(turn, Outcome("complete", http_status=200, bill=Bill(Usage(7, 0), None)))
+    await deferred.close()
+    assert await db.read(lambda conn: Exchanges(conn).get("t1", erased.request_id)) is None
+    assert (await exchange_of(db, kept)).status == "complete"
