@@ -31,6 +31,7 @@ from storage.database import Database
 from storage.errors import StorageError
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
 from storage.repositories.system import SystemRepository
 
@@ -102,7 +103,7 @@ class Maintenance:
 
     async def retain(self, tenant_id: str, cutoff: datetime) -> dict[str, int]:
         """Delete what the tenant keeps no longer than `cutoff`."""
-        deleted = {"conversations": 0, "exchanges": 0, "memories": 0}
+        deleted = {"conversations": 0, "exchanges": 0, "memories": 0, "jobs": 0}
         # A conversation at a time (its row locked, idleness checked again), a few per
         # transaction; records and memories a batch at a time: between transactions the
         # requests' own writes go ahead.
@@ -127,7 +128,11 @@ class Maintenance:
         def unused_memories(conn: Connection) -> int:
             return Memories(conn).delete_unused_since(tenant_id, cutoff, limit=ROWS)
 
-        for kind, step in (("exchanges", old_records), ("memories", unused_memories)):
+        def ended_jobs(conn: Connection) -> int:
+            return Jobs(conn).delete_finished_before(tenant_id, cutoff, limit=ROWS)
+
+        steps = (("exchanges", old_records), ("memories", unused_memories), ("jobs", ended_jobs))
+        for kind, step in steps:
             while (count := await self.db.write(step)) > 0:
                 deleted[kind] += count
                 if count < ROWS:

@@ -219,6 +219,7 @@ class Job(Base):
         UniqueConstraint("tenant_id", "kind", "ref", name="uq_jobs_subject"),
         Index("ix_jobs_due", "status", "run_after"),
         Index("ix_jobs_tenant_user", "tenant_id", "user_id"),
+        Index("ix_jobs_tenant_ended", "tenant_id", "status", "updated_at"),  # (retention)
     )
 
 

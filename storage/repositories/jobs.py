@@ -109,6 +109,26 @@ class Jobs:
         ).first()
         return row is not None
 
+    def delete_finished_before(self, tenant_id: str, cutoff: datetime, *, limit: int) -> int:
+        """Delete up to `limit` of the tenant's jobs that ended (`done`, or `dead` with the
+        model's raw output) before `cutoff` (retention, in batches); how many. Queued and
+        running ones stay whatever their age."""
+        oldest = (
+            select(J.c.pk)
+            .where(
+                J.c.tenant_id == tenant_id,
+                J.c.status.in_(("done", "dead")),
+                J.c.updated_at < cutoff,
+            )
+            .order_by(J.c.updated_at)
+            .limit(limit)
+        )
+        pks = list(self.conn.execute(oldest).scalars())
+        if not pks:
+            return 0
+        result = self.conn.execute(delete(J).where(J.c.tenant_id == tenant_id, J.c.pk.in_(pks)))
+        return int(result.rowcount)
+
     def delete_user(self, tenant_id: str, user_id: str) -> int:
         result = self.conn.execute(
             delete(J).where(J.c.tenant_id == tenant_id, J.c.user_id == user_id)

@@ -1,6 +1,6 @@
 """Each replica's upkeep on both databases: retention deletes what a tenant keeps no longer
 (idle conversations with everything made of them, old exchange records, memories nobody pinned,
-changed or used) and nothing of other tenants or newer; the sweeper marks exchanges a dead
+changed or used, jobs that ended long ago) and nothing of other tenants or newer; the sweeper marks exchanges a dead
 process left `in_progress` as `incomplete`, all of them at start-up on SQLite, only stale ones
 on PostgreSQL, where other replicas are serving theirs."""
 
@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, select, update
 
 from proxy.config import Config, TenantConfig
 from proxy.maintenance import Maintenance
 from proxy.memory import now
 from storage.database import Database
-from storage.models import ATTACHMENT_CHUNKS, MESSAGES, SUMMARIES
+from storage.models import ATTACHMENT_CHUNKS, JOBS, MESSAGES, SUMMARIES
 from storage.repositories.attachments import Attachments, new_attachment_id
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
 from storage.repositories.summaries import Summaries
+from storage.repositories.system import SystemRepository
 from tests.storage.test_repositories import T0, at, chained, exchange, new_conversation
 
 CONFIG = Config(
@@ -85,10 +87,21 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
         memories.used("t1", [memories.get("t1", "mem_used").pk], at(1000))  # type: ignore[union-attr]
         memories.create("t1", "alice", "mem_new", "plays chess", now=at(1000))
         memories.create("t2", "bob", "mem_other", "likes tea", now=T0)
+        jobs, system = Jobs(conn), SystemRepository(conn)
+        for tenant, ref in (("t1", "done"), ("t1", "dead"), ("t1", "new"), ("t1", "queued")):
+            jobs.enqueue(tenant, "alice", "extract_memories", ref, now=T0)
+        jobs.enqueue("t2", "bob", "extract_memories", "other", now=T0)
+        claimed = system.claim_jobs("w", now=T0, lease=timedelta(minutes=1), limit=10)
+        ended = {"done": ("done", T0), "dead": ("dead", T0), "new": ("done", at(1000))}
+        for job in claimed:
+            status, when = ended.get(job.ref, ("done", T0))
+            system.settle_job(job.pk, "w", status=status, now=when)
+        requeued = next(j for j in claimed if j.ref == "queued")
+        conn.execute(update(JOBS).where(JOBS.c.pk == requeued.pk).values(status="queued"))
 
     await db.write(seed)
     deleted = await Maintenance(db, CONFIG).retain("t1", at(500))
-    assert deleted == {"conversations": 1, "exchanges": 1, "memories": 1}
+    assert deleted == {"conversations": 1, "exchanges": 1, "memories": 1, "jobs": 2}
 
     def left(conn: Connection) -> dict[str, object]:
         return {
@@ -105,6 +118,11 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
             "summaries": sorted(
                 s for s in ("h", "a", "n") if Summaries(conn).get("t1", s) is not None
             ),
+            "jobs": sorted(
+                (j.tenant_id, j.ref)
+                for tenant in ("t1", "t2")
+                for j in Jobs(conn).find(tenant, limit=10)
+            ),
         }
 
     assert await db.read(left) == {
@@ -115,6 +133,7 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
         "memories": ["mem_new", "mem_pinned", "mem_used"],
         "t2 memory": True,
         "summaries": ["n"],
+        "jobs": [("t1", "new"), ("t1", "queued"), ("t2", "other")],  # ended recently, or not
     }
     assert await count(db, MESSAGES, "t1") == 2  # the new conversation's
     assert await count(db, ATTACHMENT_CHUNKS, "t1") == 0
@@ -124,6 +143,7 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
         "conversations": 0,
         "exchanges": 0,
         "memories": 0,
+        "jobs": 0,
     }
 
 
@@ -178,4 +198,5 @@ async def test_a_conversation_used_again_after_it_was_found_idle_is_kept(db: Dat
         "conversations": 1,  # "other" only
         "exchanges": 0,
         "memories": 0,
+        "jobs": 0,
     }
