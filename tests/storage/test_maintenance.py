@@ -1,8 +1,8 @@
 """Each replica's upkeep on both databases: retention deletes what a tenant keeps no longer
 (idle conversations with everything made of them, old exchange records, memories nobody pinned,
-changed or used, jobs that ended long ago) and nothing of other tenants or newer; the sweeper marks exchanges a dead
-process left `in_progress` as `incomplete`, all of them at start-up on SQLite, only stale ones
-on PostgreSQL, where other replicas are serving theirs."""
+changed or used, jobs that ended long ago) and nothing of other tenants or newer; the sweeper
+marks exchanges a dead process left `in_progress` as `incomplete`, all of them at start-up on
+SQLite, only stale ones on PostgreSQL, where other replicas are serving theirs."""
 
 from __future__ import annotations
 
