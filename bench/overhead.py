@@ -156,15 +156,24 @@ def memproxy_command() -> list[str]:
 
 
 def memproxy_config(
-    upstream: str, workdir: Path, database_url: str | None = None, *, storage_breaker: int = 0
+    upstream: str,
+    workdir: Path,
+    database_url: str | None = None,
+    *,
+    storage_breaker: int = 0,
+    server: bool = True,
 ) -> str:
-    """`storage_breaker`: `server.storage_breaker_threshold` (0: off, the default)."""
+    """`storage_breaker`: `server.storage_breaker_threshold` (0: off, the default). Without
+    `server`, no `server:` settings (for a revision older than them, which would refuse them;
+    its spill, if it has one, is then in its working directory)."""
     database = database_url or f"sqlite+aiosqlite:///{workdir}/memproxy.db"
-    return (
+    settings = (
         # Turns answered degraded (storage slower than its timeout) wait here to be replayed.
         f'server: {{spill_path: "{workdir}/memproxy-spill.jsonl",'
         f" storage_breaker_threshold: {storage_breaker}}}\n"
-        f'database: {{url: "{database}"}}\n'
+    )
+    return (
+        (settings if server else "") + f'database: {{url: "{database}"}}\n'
         "upstreams:\n"
         f"  fake: {{kind: openai, base_url: {upstream}/v1, api_key: bench-upstream-key}}\n"
         "defaults: {upstream: fake}\n"
@@ -224,9 +233,12 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                 home.mkdir()
                 config = home / "config.yaml"
                 database_url = args.database_url
-                if database_url and name == PREVIOUS:
-                    database_url = None  # its own SQLite file: the schemas differ
-                config.write_text(memproxy_config(fake.url, home, database_url))
+                if name == PREVIOUS:
+                    # Its own database (by default a SQLite file): the schemas differ.
+                    database_url = args.baseline_database_url
+                config.write_text(
+                    memproxy_config(fake.url, home, database_url, server=name != PREVIOUS)
+                )
                 port = free_port()
                 command = (
                     memproxy_command() if name != PREVIOUS else [sys.executable, "-m", "proxy.cli"]
@@ -664,6 +676,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--database-url", help="memproxy's database (default: a fresh SQLite file in a temp dir)"
     )
     parser.add_argument(
+        "--baseline-database-url",
+        help="memproxy-prev's own database (default: a fresh SQLite file in a temp dir)",
+    )
+    parser.add_argument(
         "--baseline-rev",
         default=BASELINE_REV,
         help="also run memproxy at this git revision (memproxy-prev); '' to skip",
@@ -696,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_mode",
             "database_url",
             "baseline_rev",
+            "baseline_database_url",
             "memproxy_log_level",
         )
     }
