@@ -36,6 +36,7 @@ from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.replay import SpillReplayer, Wanted
+from proxy.requests import reject_nul_in_url
 from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
@@ -223,6 +224,7 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
             "principal": Provide(provide_principal),
         },
         exception_handlers=EXCEPTION_HANDLERS,
+        before_request=reject_nul_in_url,
         before_send=[access_hook],
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+from litestar import Request
 
 from proxy.errors import BadRequest
 
@@ -27,7 +28,33 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise BadRequest(f"The request body must be a JSON object, not {_kind(body)}.")
+    # JSON can only carry a NUL as the escape \u0000; look closer only when that is there.
+    if b"\\u0000" in raw and _holds_nul(body):
+        raise BadRequest(NUL_IN_BODY)
     return body
+
+
+NUL_IN_BODY = (
+    "A string in the request body contains the NUL character (U+0000), which cannot be "
+    "stored; remove it."
+)
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
+def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
+    """Before every handler: a NUL in the path or the query (`%00`) is a 400, not an id or a
+    user to look up (PostgreSQL cannot even compare text holding one)."""
+    if "\x00" in request.scope.get("path", "") or b"%00" in request.scope.get("query_string", b""):
+        raise BadRequest("The request's path or query contains the NUL character (%00).")
 
 
 def check_chat_request(body: dict[str, Any]) -> None:

@@ -282,3 +282,43 @@ def test_fuzzed_bodies_and_ids_never_get_a_500_and_leave_the_database_intact(
     with sqlite3.connect(Path("memproxy.db")) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_a_nul_anywhere_is_a_400_on_both_databases_and_stores_nothing(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str], database_url: str
+) -> None:
+    """PostgreSQL cannot hold a NUL in text (nor compare one): every id, user and text with one
+    is refused up front, on SQLite too, rather than failing in storage (a 503, or a degraded
+    turn that could never be replayed)."""
+    upstream = UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k")
+    base = serve_proxy(make_config(upstream, database_url=database_url)).removesuffix("/v1")
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    cases: list[tuple[str, str, Any]] = [
+        ("POST", "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "a\x00"}]}),
+        ("POST", "/v1/memory/memories", {"user": "al\x00ice", "text": "likes tea"}),
+        ("POST", "/v1/memory/memories", {"user": USER, "text": "likes\x00tea"}),
+        ("POST", "/v1/memory/conversations", {"user": USER, "id": "c\x00"}),
+        ("POST", "/v1/memory/conversations", {"user": USER, "messages": [{"role": "user", "content": "\x00"}]}),
+        ("GET", "/v1/memory/memories/%00", None),
+        ("GET", "/v1/memory/memories?user=al%00ice", None),
+        ("GET", "/v1/memory/conversations/%00", None),
+        ("GET", "/v1/memory/conversations?after=%00", None),
+        ("GET", "/v1/memory/exchanges/%00", None),
+        ("DELETE", "/v1/memory/users/a%00b", None),
+    ]  # fmt: skip
+    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as client:
+        wrong = []
+        for method, path, body in cases:
+            response = client.request(method, path, json=body)
+            problem = openai_error(response) or (
+                None if response.status_code == 400 else f"status {response.status_code}"
+            )
+            if problem is not None:
+                wrong.append(f"{method} {path} {body!r:.60}: {problem}")
+        assert wrong == []
+        assert client.get("/v1/memory/conversations").json()["data"] == []
+        assert client.get("/v1/memory/memories", params={"user": USER}).json()["data"] == []
+        # The same without the NUL goes through; a backslash and "u0000" as text is no NUL.
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        text = client.post("/v1/memory/memories", json={"user": USER, "text": "a \\u0000 b"})
+        assert text.status_code == 201 and text.json()["text"] == "a \\u0000 b"
