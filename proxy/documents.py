@@ -101,6 +101,7 @@ async def extract_text(data: bytes, media_type: str, *, max_tokens: int, param: 
         text = await _maybe_in_thread(_html_text, data)
     else:
         text = _utf8(data, param)
+    text = text.replace("\x00", "")  # (an extraction's artefact, and no database stores one)
     if len(text) > max_chars:
         raise _too_many_tokens(max_tokens)
     if not text.strip():

@@ -119,8 +119,10 @@ def _optional_text(body: dict[str, Any], name: str, limit: int) -> str | None:
     value = body.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) > limit:
-        raise BadRequest(f"'{name}' must be a string of at most {limit} characters.", param=name)
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        raise BadRequest(
+            f"'{name}' must be a string of at most {limit} characters, without NUL.", param=name
+        )
     return value or None
 
 

@@ -322,3 +322,13 @@ def test_a_nul_anywhere_is_a_400_on_both_databases_and_stores_nothing(
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
         text = client.post("/v1/memory/memories", json={"user": USER, "text": "a \\u0000 b"})
         assert text.status_code == 201 and text.json()["text"] == "a \\u0000 b"
+        # An uploaded document's NULs (an extraction's artefacts) are dropped; a form field's
+        # are refused.
+        assert client.post("/v1/memory/conversations", json={"id": "d", "user": USER}).is_success
+        upload = "/v1/memory/conversations/d/attachments"
+        named = client.post(upload, files={"file": ("a.txt", b"x")}, data={"title": "t\x00"})
+        assert named.status_code == 400 and openai_error(named) is None
+        stored = client.post(upload, files={"file": ("a.txt", b"tea\x00time")})
+        assert stored.status_code == 201, stored.text
+        found = client.get(f"{upload}/{stored.json()['id']}")
+        assert found.json()["content"] == "teatime"
