@@ -1,6 +1,7 @@
 """`/v1/memory/memories`: the facts and preferences kept about a user, which they can list,
 search, create, correct, pin and delete. Scope `manage`, tenant-scoped; another tenant's id is
-404 like an unknown one. Pinned memories are attached to every turn of their user."""
+404 like an unknown one, and so is another user's when `?user=` names the user acting.
+Pinned memories are attached to every turn of their user."""
 
 from __future__ import annotations
 
@@ -135,13 +136,23 @@ async def create_memory(
     return json_response(memory_object(created), status=201)
 
 
+def _owner(request: Request[Any, Any, Any]) -> str | None:
+    """`?user=`: when given, another user's memory is not found."""
+    user = request.query_params.get("user")
+    return None if user is None else user_param(user)
+
+
 @get("/v1/memory/memories/{memory_id:str}", opt=MANAGE, summary="Get a memory")
 async def get_memory(
     memory_id: FromPath[str],
+    request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    found = await services.db.read(lambda conn: Memories(conn).get(principal.tenant_id, memory_id))
+    user = _owner(request)
+    found = await services.db.read(
+        lambda conn: Memories(conn).get(principal.tenant_id, memory_id, user)
+    )
     if found is None:
         raise _not_found(memory_id)
     return json_response(memory_object(found))
@@ -154,11 +165,14 @@ async def update_memory(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
+    user = _owner(request)
     fields = _fields(parse_json_object(await request.body()), creating=False)
     if not fields:
         raise BadRequest("Nothing to update: send text, kind, pinned or confidence.")
     updated = await services.db.write(
-        lambda conn: Memories(conn).update(principal.tenant_id, memory_id, now=now(), **fields)
+        lambda conn: Memories(conn).update(
+            principal.tenant_id, memory_id, now=now(), user_id=user, **fields
+        )
     )
     if updated is None:
         raise _not_found(memory_id)
@@ -173,11 +187,13 @@ async def update_memory(
 )
 async def delete_memory(
     memory_id: FromPath[str],
+    request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
+    user = _owner(request)
     deleted = await services.db.write(
-        lambda conn: Memories(conn).delete(principal.tenant_id, memory_id)
+        lambda conn: Memories(conn).delete(principal.tenant_id, memory_id, user)
     )
     if not deleted:
         raise _not_found(memory_id)

@@ -62,6 +62,12 @@ def _record(row: Any) -> MemoryRecord:
     return MemoryRecord(**utc_row(row))
 
 
+def _which(tenant_id: str, memory_id: str, user_id: str | None) -> list[Any]:
+    """One memory of the tenant, by id, and of `user_id` when given."""
+    found = [R.c.tenant_id == tenant_id, R.c.id == memory_id]
+    return found if user_id is None else [*found, R.c.user_id == user_id]
+
+
 class Memories:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -101,9 +107,12 @@ class Memories:
         assert found is not None
         return found
 
-    def get(self, tenant_id: str, memory_id: str) -> MemoryRecord | None:
+    def get(
+        self, tenant_id: str, memory_id: str, user_id: str | None = None
+    ) -> MemoryRecord | None:
+        """The memory, if it is the tenant's (and `user_id`'s, when given)."""
         row = self.conn.execute(
-            select(*_COLUMNS).where(R.c.tenant_id == tenant_id, R.c.id == memory_id)
+            select(*_COLUMNS).where(*_which(tenant_id, memory_id, user_id))
         ).first()
         return _record(row) if row else None
 
@@ -140,20 +149,26 @@ class Memories:
         return [_record(r) for r in rows]
 
     def update(
-        self, tenant_id: str, memory_id: str, *, now: datetime, **fields: Any
+        self,
+        tenant_id: str,
+        memory_id: str,
+        *,
+        now: datetime,
+        user_id: str | None = None,
+        **fields: Any,
     ) -> MemoryRecord | None:
         unknown = set(fields) - UPDATABLE
         if unknown:
             raise ValueError(f"not memory fields: {sorted(unknown)}")
         result = self.conn.execute(
             update(R)
-            .where(R.c.tenant_id == tenant_id, R.c.id == memory_id)
+            .where(*_which(tenant_id, memory_id, user_id))
             .values({**fields, "updated_at": now})
         )
         return self.get(tenant_id, memory_id) if result.rowcount else None
 
-    def delete(self, tenant_id: str, memory_id: str) -> bool:
-        result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.id == memory_id))
+    def delete(self, tenant_id: str, memory_id: str, user_id: str | None = None) -> bool:
+        result = self.conn.execute(delete(R).where(*_which(tenant_id, memory_id, user_id)))
         return bool(result.rowcount)
 
     def delete_user(self, tenant_id: str, user_id: str) -> int:

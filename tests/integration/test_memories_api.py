@@ -55,6 +55,25 @@ async def test_create_read_correct_pin_and_delete(api: httpx.AsyncClient) -> Non
     assert (await api.get(f"/memory/memories/{memory['id']}")).status_code == 404
 
 
+async def test_a_memory_asked_for_as_another_users_is_not_found_and_not_touched(
+    api: httpx.AsyncClient,
+) -> None:
+    memory = await create(api, text="Prefers metric units")
+    path = f"/memory/memories/{memory['id']}"
+    as_bob, as_alice = {"user": "bob"}, {"user": "alice"}
+    for response in (
+        await api.get(path, params=as_bob),
+        await api.patch(path, params=as_bob, json={"text": "Prefers imperial units"}),
+        await api.delete(path, params=as_bob),
+    ):
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "memory_not_found"
+    assert (await api.get(path, params=as_alice)).json() == memory  # untouched
+    assert (await api.patch(path, params=as_alice, json={"pinned": True})).json()["pinned"]
+    assert (await api.delete(path, params=as_alice)).json()["deleted"] is True
+    assert (await api.get(path, params={"user": ""})).status_code == 400
+
+
 async def test_list_filters_by_user_pin_and_search_and_pages(api: httpx.AsyncClient) -> None:
     for text in ("Has a beagle named Biscuit", "Lives in Lisbon", "Works as a nurse"):
         await create(api, text=text)
