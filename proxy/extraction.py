@@ -11,6 +11,7 @@ kept on the job, so the queue retries it and finally dead-letters it with the re
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -85,7 +86,12 @@ class MemoryExtractor:
             return lambda conn: {"skipped": "the exchange's messages are gone"}
         body = extraction_request(settings.model, [m.to_openai() for m in messages], known)
         try:
-            reply = await upstream.chat_completions(body, stream=False)
+            async with asyncio.timeout(settings.timeout_seconds):
+                reply = await upstream.chat_completions(body, stream=False)
+        except TimeoutError as exc:
+            raise JobFailed(
+                f"the memory model did not answer within {settings.timeout_seconds:g} s"
+            ) from exc
         except Exception as exc:
             raise JobFailed(f"the memory model could not be reached: {exc!r}") from exc
         raw = (reply.body or b"").decode("utf-8", "replace")

@@ -332,3 +332,28 @@ async def test_a_job_cut_off_by_a_crash_runs_again_after_a_restart(
         await proxy.close()
     finally:
         stop(server)
+
+
+async def test_a_memory_model_slower_than_its_timeout_fails_the_job_with_the_reason(
+    fake_upstream: tuple[FakeOpenAI, str],
+    memory_model: tuple[FakeOpenAI, str],
+    serve_proxy: Callable[[Config], str],
+) -> None:
+    """`memory.timeout_seconds` bounds each call (not the job's lease, minutes long)."""
+    model = memory_model[0]
+    slow = decisions({"action": "add", "text": "The user is called Alice."})
+    slow.hold = True  # answered only once the test ends
+    model.script = [slow, slow]
+    settings = config(fake_upstream[1], memory_model[1])
+    tenant = settings.tenants["t1"]
+    memory = tenant.memory.model_copy(update={"timeout_seconds": 0.2})
+    tenants = {**settings.tenants, "t1": tenant.model_copy(update={"memory": memory})}
+    proxy = Proxy(serve_proxy(settings.model_copy(update={"tenants": tenants})))
+    try:
+        request_id = await proxy.chat("My name is Alice.")
+        job = await proxy.job_of(request_id, until=("dead",))
+        assert job["attempts"] == 2
+        assert job["last_error"] == "the memory model did not answer within 0.2 s"
+        assert await proxy.memories() == []
+    finally:
+        await proxy.close()
