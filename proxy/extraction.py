@@ -111,7 +111,8 @@ class MemoryExtractor:
             decisions, rejected = parse_decisions(content, known)
         except BadExtraction as exc:
             raise JobFailed(str(exc), output=content if isinstance(content, str) else raw) from exc
-        return lambda conn: self._apply(conn, job, settings.model, decisions, rejected)
+        shown = {k.id: k.text for k in known}
+        return lambda conn: self._apply(conn, job, settings.model, decisions, rejected, shown)
 
     def _read(
         self, conn: Connection, job: JobRecord, similar: int
@@ -147,12 +148,14 @@ class MemoryExtractor:
         model: str,
         decisions: list[Decision],
         rejected: list[Rejected],
+        shown: Mapping[str, str],
     ) -> dict[str, Any]:
+        """Write the decisions; `shown`: the text of each memory the model was shown, by id."""
         memories, now = Memories(conn), datetime.now(UTC)
         applied: list[dict[str, Any]] = []
         refused = [r.as_dict() for r in rejected]
         for decision in decisions:
-            memory_id, refusal = self._one(memories, job, decision, now)
+            memory_id, refusal = self._one(memories, job, decision, shown, now)
             if refusal is None:
                 applied.append({**decision.as_dict(), "id": memory_id})
             else:
@@ -168,9 +171,10 @@ class MemoryExtractor:
 
     @staticmethod
     def _one(
-        memories: Memories, job: JobRecord, d: Decision, now: datetime
+        memories: Memories, job: JobRecord, d: Decision, shown: Mapping[str, str], now: datetime
     ) -> tuple[str | None, str | None]:
-        """Apply one decision: (the memory's id, None), or (None, why not)."""
+        """Apply one decision: (the memory's id, None), or (None, why not). An update or delete
+        is for the memory as the model saw it: not once it is gone, pinned or edited since."""
         if d.action == "add":
             assert d.text is not None
             memory = memories.create(
@@ -185,11 +189,13 @@ class MemoryExtractor:
             )
             return memory.id, None
         assert d.memory_id is not None
-        current: MemoryRecord | None = memories.get(job.tenant_id, d.memory_id)
-        if current is None or current.user_id != job.user_id:
+        current: MemoryRecord | None = memories.get(job.tenant_id, d.memory_id, job.user_id)
+        if current is None:
             return None, "the memory is gone"
         if current.pinned:
             return None, "the memory was pinned meanwhile"
+        if current.text != shown.get(d.memory_id):
+            return None, "the memory was edited meanwhile"
         if d.action == "delete":
             memories.delete(job.tenant_id, d.memory_id)
             return d.memory_id, None

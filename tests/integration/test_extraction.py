@@ -357,3 +357,28 @@ async def test_a_memory_model_slower_than_its_timeout_fails_the_job_with_the_rea
         assert await proxy.memories() == []
     finally:
         await proxy.close()
+
+
+async def test_a_memory_the_user_edits_while_the_model_thinks_keeps_the_users_edit(
+    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str]
+) -> None:
+    model, proxy = memory_model[0], proxies()
+    created = await proxy.http.post(
+        "/memory/memories", json={"user": "alice", "text": "The user lives in Lisbon."}
+    )
+    memory_id = created.json()["id"]
+    held = decisions({"action": "update", "id": memory_id, "text": "The user lives in Porto."})
+    held.hold = True
+    model.script = [held]
+    request_id = await proxy.chat("I moved from Lisbon to Porto.")
+    await eventually(lambda: asyncio.sleep(0, result=model.chat_requests))
+    assert memory_id in model.chat_requests[0]["messages"][1]["content"]  # it was shown
+    edited = await proxy.http.patch(
+        f"/memory/memories/{memory_id}", json={"text": "The user lives in Berlin."}
+    )
+    assert edited.status_code == 200
+    model.release.set()
+    job = await proxy.job_of(request_id)
+    assert job["result"]["applied"] == []
+    assert [r["reason"] for r in job["result"]["rejected"]] == ["the memory was edited meanwhile"]
+    assert [m["text"] for m in await proxy.memories()] == ["The user lives in Berlin."]
