@@ -63,6 +63,8 @@ class Recall:
 NOTHING = Recall([], None)
 # Memories that share a word with the turn, read to be ranked.
 MEMORY_CANDIDATES = 200
+# Pinned memories read on every turn, oldest first (what fits the budget of them goes).
+MAX_PINNED = 100
 # A memory's framing in the section ("> - " and the line), beyond its text's tokens.
 MEMORY_LINE_TOKENS = 4
 
@@ -101,7 +103,7 @@ async def recall(
         pinned, others = [], []
         if with_memories:
             memories = Memories(conn)
-            pinned = memories.pinned(tenant_id, user_id)
+            pinned = memories.pinned(tenant_id, user_id, limit=MAX_PINNED)
             if terms and memory_share > 0:
                 stems = sorted({stem(t) for t in terms})
                 others = memories.relevant(tenant_id, user_id, stems, limit=MEMORY_CANDIDATES)

@@ -196,8 +196,9 @@ class Memories:
         result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.pk.in_(pks)))
         return int(result.rowcount)
 
-    def pinned(self, tenant_id: str, user_id: str, limit: int = 100) -> list[MemoryRecord]:
-        """The user's pinned memories, oldest first (the order they are shown in)."""
+    def pinned(self, tenant_id: str, user_id: str, *, limit: int) -> list[MemoryRecord]:
+        """The user's oldest `limit` pinned memories, oldest first (the order they are shown
+        in)."""
         rows = self.conn.execute(_PINNED, {"tenant": tenant_id, "user": user_id, "limit": limit})
         return [_record(r) for r in rows]
 
