@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection, text, update
 
 from storage.database import Database
 from storage.models import MESSAGES
@@ -66,6 +66,23 @@ async def test_search_can_be_narrowed_to_one_conversation(db: Database) -> None:
     assert await found_texts(db, ["bicycle"], conversation_pk=first.pk) == ["the blue bicycle"]
 
 
+async def indexed(db: Database, word: str) -> int:
+    """Index entries holding `word`, read from the index itself (a search joins its hits back
+    to the messages, so a stale entry would not show there)."""
+
+    def work(conn: Connection) -> int:
+        if conn.dialect.name == "postgresql":  # (an index on the table's own column)
+            query = (
+                "SELECT count(*) FROM messages WHERE to_tsvector('english', "
+                "coalesce(search_text, '')) @@ plainto_tsquery('english', :word)"
+            )
+            return int(conn.execute(text(query), {"word": word}).scalar_one())
+        query = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH :q"
+        return int(conn.execute(text(query), {"q": f'search_text : "{word}"'}).scalar_one())
+
+    return await db.read(work)
+
+
 async def test_deletes_and_edits_reach_the_index(db: Database) -> None:
     await new_conversation(db, "gone", [msg("user", "remember the gazebo")])
     await new_conversation(db, "kept", [msg("user", "remember the pergola")])
@@ -74,6 +91,7 @@ async def test_deletes_and_edits_reach_the_index(db: Database) -> None:
     assert await found_texts(db, ["gazebo"]) == []
     await db.write(lambda c: Conversations(c).delete_user("t1", "carol"))
     assert await found_texts(db, ["gazebo"], user="carol") == []
+    assert await indexed(db, "gazebo") == 0
 
     def edit(conn: Connection) -> None:
         conn.execute(
@@ -85,6 +103,7 @@ async def test_deletes_and_edits_reach_the_index(db: Database) -> None:
     await db.write(edit)
     assert await found_texts(db, ["pergola"]) == []
     assert await found_texts(db, ["trellis"]) == ["remember the trellis"]
+    assert (await indexed(db, "pergola"), await indexed(db, "trellis")) == (0, 1)
 
 
 async def test_partial_replies_system_and_tool_messages_are_not_searched(db: Database) -> None:
