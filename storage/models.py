@@ -175,6 +175,9 @@ class Memory(Base):
     user_id: Mapped[str] = mapped_column(String(256))
     kind: Mapped[str] = mapped_column(String(32), default="fact")
     text: Mapped[str] = mapped_column(Text)
+    # `text` lowercased by Python (every letter, not only ASCII, on either database, whatever
+    # its locale): what the memories' word search matches.
+    folded: Mapped[str] = mapped_column(Text, server_default="")
     source_exchange_id: Mapped[str | None] = mapped_column(String(64))
     confidence: Mapped[float | None] = mapped_column(Float)
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select, text, update
+from sqlalchemy import Connection, bindparam, delete, insert, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
@@ -36,9 +36,9 @@ _PINNED = (
 # Unpinned memories holding any of a JSON array of lowercase terms (what `find` matches).
 _CONTAINS = {
     "sqlite": "EXISTS (SELECT 1 FROM json_each(:terms) t "
-    "WHERE instr(lower(memories.text), t.value) > 0)",
+    "WHERE instr(memories.folded, t.value) > 0)",
     "postgresql": "EXISTS (SELECT 1 FROM jsonb_array_elements_text(CAST(:terms AS jsonb)) t(term) "
-    "WHERE strpos(lower(memories.text), t.term) > 0)",
+    "WHERE strpos(memories.folded, t.term) > 0)",
 }
 _RELEVANT = {
     dialect: select(*_COLUMNS)
@@ -60,6 +60,11 @@ def new_memory_id() -> str:
 
 def _record(row: Any) -> MemoryRecord:
     return MemoryRecord(**utc_row(row))
+
+
+def fold(text: str) -> str:
+    """How a memory's text and the words searched for are compared: lowercased by Python."""
+    return text.lower()
 
 
 def _which(tenant_id: str, memory_id: str, user_id: str | None) -> list[Any]:
@@ -92,6 +97,7 @@ class Memories:
             "user_id": user_id,
             "kind": kind,
             "text": text,
+            "folded": fold(text),
             "pinned": pinned,
             "confidence": confidence,
             "source_exchange_id": source_exchange_id,
@@ -138,8 +144,8 @@ class Memories:
             query = query.where(
                 or_(
                     *(
-                        func.lower(R.c.text).like(
-                            "%" + _LIKE_SPECIAL.sub(r"\\\1", t.lower()) + "%", escape="\\"
+                        R.c.folded.like(
+                            "%" + _LIKE_SPECIAL.sub(r"\\\1", fold(t)) + "%", escape="\\"
                         )
                         for t in terms
                     )
@@ -160,6 +166,8 @@ class Memories:
         unknown = set(fields) - UPDATABLE
         if unknown:
             raise ValueError(f"not memory fields: {sorted(unknown)}")
+        if fields.get("text") is not None:
+            fields = {**fields, "folded": fold(fields["text"])}
         result = self.conn.execute(
             update(R)
             .where(*_which(tenant_id, memory_id, user_id))
@@ -216,7 +224,7 @@ class Memories:
             {
                 "tenant": tenant_id,
                 "user": user_id,
-                "terms": json.dumps([t.lower() for t in terms]),
+                "terms": json.dumps([fold(t) for t in terms]),
                 "limit": limit,
             },
         )

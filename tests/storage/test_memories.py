@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection
+from sqlalchemy import text as sql
 
+from storage import migrate
 from storage.database import Database
 from storage.repositories.memories import Memories
 
@@ -42,3 +45,37 @@ async def test_relevant_memories_are_the_unpinned_ones_holding_a_term(db: Databa
     assert [
         m.id for m in await db.read(lambda c: Memories(c).relevant("t1", "alice", ["n"], limit=2))
     ] == ["mem_2", "mem_1"]
+
+
+async def test_case_is_folded_beyond_ascii(db: Database) -> None:
+    """On SQLite too (its own lower() folds ASCII only): "études" finds "Études à Paris"."""
+    await db.write(lambda c: Memories(c).create("t1", "alice", "mem_fr", "Études à Paris", now=T0))
+
+    def read(conn: Connection) -> tuple[list[str], list[str]]:
+        memories = Memories(conn)
+        relevant = memories.relevant("t1", "alice", ["études"], limit=10)
+        found = memories.find("t1", "alice", limit=10, terms=["ÉTUDES"])
+        return [m.id for m in relevant], [m.id for m in found]
+
+    assert await db.read(read) == (["mem_fr"], ["mem_fr"])
+
+
+async def test_migration_0014_folds_the_memories_already_there(database_url: str) -> None:
+    await asyncio.to_thread(migrate.upgrade, database_url, "0013")
+    insert = sql(
+        "INSERT INTO memories (id, tenant_id, user_id, kind, text, pinned, access_count, "
+        "created_at, updated_at) VALUES (:id, 't1', 'alice', 'fact', :text, false, 0, :at, :at)"
+    )
+    rows = [{"id": f"mem_{i}", "text": f"Études {i}", "at": T0} for i in range(3)]
+    db = Database(database_url)
+    try:
+        await db.write(lambda c: c.execute(insert, rows))
+    finally:
+        await db.dispose()
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    db = Database(database_url)  # (a new one: PostgreSQL's cached plans predate the column)
+    try:
+        found = await db.read(lambda c: Memories(c).find("t1", "alice", limit=10, terms=["études"]))
+    finally:
+        await db.dispose()
+    assert sorted(m.id for m in found) == ["mem_0", "mem_1", "mem_2"]
