@@ -181,7 +181,7 @@ def _decision(item: Any, known: Mapping[str, Known]) -> tuple[Decision | None, s
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    return " ".join(text.replace("\x00", "").split())  # (no database stores a NUL)
 
 
 def _normal(text: str) -> str:

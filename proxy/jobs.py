@@ -88,7 +88,15 @@ class JobRunner:
 
     async def start(self) -> None:
         if self.db.is_sqlite:  # this process owns the file: what was running was abandoned
-            released = await self.db.write(lambda conn: SystemRepository(conn).release_jobs(_now()))
+
+            def release(conn: Connection) -> tuple[int, int]:
+                system, now = SystemRepository(conn), _now()
+                buried = system.bury_abandoned(now, self.retry.max_attempts, expired_only=False)
+                return buried, system.release_jobs(now)
+
+            buried, released = await self.db.write(release)
+            if buried:
+                log.error("jobs_dead_after_crashes", count=buried)
             if released:
                 log.warning("jobs_released", count=released)
         self._loop = asyncio.create_task(self._poll())
@@ -105,7 +113,11 @@ class JobRunner:
         now = _now()
         claimed = await self.db.write(
             lambda conn: SystemRepository(conn).claim_jobs(
-                self.worker, now=now, lease=self.lease, limit=self.concurrency
+                self.worker,
+                now=now,
+                lease=self.lease,
+                limit=self.concurrency,
+                max_attempts=self.retry.max_attempts,
             )
         )
         if claimed:

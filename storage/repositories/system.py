@@ -51,11 +51,21 @@ class SystemRepository:
         return result.rowcount
 
     def claim_jobs(
-        self, worker: str, *, now: datetime, lease: timedelta, limit: int
+        self,
+        worker: str,
+        *,
+        now: datetime,
+        lease: timedelta,
+        limit: int,
+        max_attempts: int | None = None,
     ) -> list[JobRecord]:
         """Take up to `limit` due jobs for `worker` until `now + lease`: queued ones whose
         time has come, and running ones whose lease ran out (their worker died). On
-        PostgreSQL, rows another replica is claiming are skipped, not waited for."""
+        PostgreSQL, rows another replica is claiming are skipped, not waited for. A job whose
+        worker died on each of its `max_attempts` attempts (one that kills the process, say)
+        is dead-lettered instead (`bury_abandoned`)."""
+        if max_attempts is not None:
+            self.bury_abandoned(now, max_attempts, expired_only=True)
         due = or_(
             and_(J.c.status == "queued", J.c.run_after <= now),
             and_(J.c.status == "running", J.c.lease_until < now),
@@ -115,6 +125,25 @@ class SystemRepository:
             .values(values)
         )
         return bool(outcome.rowcount)
+
+    def bury_abandoned(self, now: datetime, max_attempts: int, *, expired_only: bool) -> int:
+        """Running jobs left by a dead worker (`expired_only`: whose lease ran out; else every
+        one, at start-up on SQLite) that have had all their attempts: dead, with the reason."""
+        abandoned = [J.c.status == "running", J.c.attempts >= max_attempts]
+        if expired_only:
+            abandoned.append(J.c.lease_until < now)
+        result = self.conn.execute(
+            update(J)
+            .where(*abandoned)
+            .values(
+                status="dead",
+                worker=None,
+                lease_until=None,
+                updated_at=now,
+                last_error=f"its worker stopped during each of its {max_attempts} attempts",
+            )
+        )
+        return int(result.rowcount)
 
     def release_jobs(self, now: datetime) -> int:
         """Running jobs become due again at once: at start-up on SQLite, where no other

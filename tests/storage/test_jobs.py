@@ -113,6 +113,50 @@ async def test_start_up_on_one_file_releases_what_was_running(db: Database) -> N
     assert again.worker == "next"
 
 
+async def test_a_job_whose_worker_died_on_every_attempt_is_dead_lettered(db: Database) -> None:
+    """A job that kills its process (say) is not claimed again and again for ever."""
+    await enqueue(db, "poison")
+    await enqueue(db, "fine")
+    max_attempts, at = 2, now()
+    for attempt in range(1, max_attempts + 1):  # each worker dies before settling
+        at += LEASE + timedelta(seconds=1)
+        claimed = await db.write(
+            lambda conn, at=at, worker=f"w{attempt}": SystemRepository(conn).claim_jobs(
+                worker, now=at, lease=LEASE, limit=1, max_attempts=max_attempts
+            )
+        )
+        assert [(j.ref, j.attempts) for j in claimed] == [("poison", attempt)]
+    at += LEASE + timedelta(seconds=1)
+    claimed = await db.write(
+        lambda conn: SystemRepository(conn).claim_jobs(
+            "w3", now=at, lease=LEASE, limit=10, max_attempts=max_attempts
+        )
+    )
+    assert [j.ref for j in claimed] == ["fine"]
+    dead = await job(db, "poison")
+    assert (dead.status, dead.worker, dead.attempts) == ("dead", None, max_attempts)
+    assert dead.last_error == "its worker stopped during each of its 2 attempts"
+
+
+async def test_start_up_on_one_file_buries_a_job_out_of_attempts_and_releases_the_rest(
+    db: Database,
+) -> None:
+    await enqueue(db, "poison")
+    await claim(db, "crashed")  # the process died running it, twice
+    await claim(db, "crashed", at=now() + LEASE + timedelta(seconds=1))
+    await enqueue(db, "fine")
+    await claim(db, "crashed")  # and then once running this one
+
+    def start(conn: Connection) -> tuple[int, int]:
+        system = SystemRepository(conn)
+        buried = system.bury_abandoned(now(), 2, expired_only=False)
+        return buried, system.release_jobs(now())
+
+    assert await db.write(start) == (1, 1)
+    assert (await job(db, "poison")).status == "dead"
+    assert [j.ref for j in await claim(db, "next")] == ["fine"]
+
+
 async def test_erasing_a_user_removes_their_jobs_and_a_held_job_is_gone(db: Database) -> None:
     await enqueue(db, "req_1")
     await enqueue(db, "req_2", user="bob")
