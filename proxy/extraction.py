@@ -11,7 +11,6 @@ kept on the job, so the queue retries it and finally dead-letters it with the re
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +32,7 @@ from policies.recall import query_terms
 from policies.tokens import message_text
 from proxy.charges import MemoryCharges
 from proxy.config import Config
-from proxy.jobs import Apply, JobFailed
+from proxy.jobs import Apply, JobFailed, ask_model
 from proxy.memory import ANONYMOUS
 from proxy.metrics import Metrics
 from proxy.sse import reply_from_completion
@@ -85,19 +84,11 @@ class MemoryExtractor:
             # Erased, or its conversation deleted, since: there is nothing to learn from.
             return lambda conn: {"skipped": "the exchange's messages are gone"}
         body = extraction_request(settings.model, [m.to_openai() for m in messages], known)
-        try:
-            async with asyncio.timeout(settings.timeout_seconds):
-                reply = await upstream.chat_completions(body, stream=False)
-        except TimeoutError as exc:
-            raise JobFailed(
-                f"the memory model did not answer within {settings.timeout_seconds:g} s"
-            ) from exc
-        except Exception as exc:
-            raise JobFailed(f"the memory model could not be reached: {exc!r}") from exc
-        raw = (reply.body or b"").decode("utf-8", "replace")
-        if reply.status >= 400:
-            raise JobFailed(f"the memory model answered {reply.status}", output=raw)
-        message, raw_usage = reply_from_completion(reply.body or b"")
+        reply = await ask_model(
+            upstream, body, seconds=settings.timeout_seconds, what="the memory model"
+        )
+        raw = reply.decode("utf-8", "replace")
+        message, raw_usage = reply_from_completion(reply)
         usage = parse_usage(raw_usage)
         if usage is not None:
             try:

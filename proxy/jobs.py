@@ -26,6 +26,7 @@ from sqlalchemy import Connection
 
 from policies.jobs import RetryPolicy
 from proxy.metrics import Metrics
+from proxy.upstream.base import Upstream
 from storage.database import Database
 from storage.errors import StorageError
 from storage.records import JobRecord
@@ -48,6 +49,25 @@ class JobFailed(Exception):
     def __init__(self, reason: str, *, output: str | None = None) -> None:
         super().__init__(reason)
         self.reason, self.output = reason, output
+
+
+async def ask_model(
+    upstream: Upstream, body: dict[str, Any], *, seconds: float, what: str
+) -> bytes:
+    """A job's call to a model (`what`: "the memory model", say) within `seconds`: the
+    reply's body, or JobFailed for a timeout, an upstream out of reach or an error status
+    (with its body)."""
+    try:
+        async with asyncio.timeout(seconds):
+            reply = await upstream.chat_completions(body, stream=False)
+    except TimeoutError as exc:
+        raise JobFailed(f"{what} did not answer within {seconds:g} s") from exc
+    except Exception as exc:
+        raise JobFailed(f"{what} could not be reached: {exc!r}") from exc
+    if reply.status >= 400:
+        output = (reply.body or b"").decode("utf-8", "replace")
+        raise JobFailed(f"{what} answered {reply.status}", output=output)
+    return reply.body or b""
 
 
 def _now() -> datetime:

@@ -16,7 +16,6 @@ answers no text fails the job, which the queue retries and finally dead-letters.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ from policies.summaries import (
 from policies.tokens import count_message
 from proxy.charges import MemoryCharges
 from proxy.config import Config, TenantSettings
-from proxy.jobs import Apply, JobFailed
+from proxy.jobs import Apply, JobFailed, ask_model
 from proxy.memory import Turn
 from proxy.metrics import Metrics
 from proxy.sse import reply_from_completion
@@ -268,19 +267,11 @@ class HistorySummarizer:
         body = summary_request(
             settings.model, previous, [m.to_openai() for m in turns], max_tokens=settings.max_tokens
         )
-        try:
-            async with asyncio.timeout(settings.timeout_seconds):
-                reply = await upstream.chat_completions(body, stream=False)
-        except TimeoutError as exc:
-            raise JobFailed(
-                f"the summary model did not answer within {settings.timeout_seconds:g} s"
-            ) from exc
-        except Exception as exc:
-            raise JobFailed(f"the summary model could not be reached: {exc!r}") from exc
-        raw = (reply.body or b"").decode("utf-8", "replace")
-        if reply.status >= 400:
-            raise JobFailed(f"the summary model answered {reply.status}", output=raw)
-        message, raw_usage = reply_from_completion(reply.body or b"")
+        reply = await ask_model(
+            upstream, body, seconds=settings.timeout_seconds, what="the summary model"
+        )
+        raw = reply.decode("utf-8", "replace")
+        message, raw_usage = reply_from_completion(reply)
         usage = parse_usage(raw_usage)
         if usage is not None:
             try:
