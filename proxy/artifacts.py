@@ -35,7 +35,7 @@ from policies.artifacts import (
     plan_by_rule,
 )
 from policies.chunks import counted_chunks
-from policies.pricing import ZERO, Usage, parse_usage
+from policies.pricing import ZERO, Usage
 from policies.recall import query_terms
 from proxy.artifact_sources import (
     NO_SOURCES,
@@ -47,7 +47,7 @@ from proxy.artifact_sources import (
 )
 from proxy.artifact_summaries import FocusedSummaries
 from proxy.config import Config, TenantConfig
-from proxy.costs import TOKENIZE_INLINE_CHARS, Pricer
+from proxy.costs import TOKENIZE_INLINE_CHARS, Pricer, usage_or_estimate
 from proxy.errors import BadRequest
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
@@ -338,9 +338,8 @@ class Artifacts:
             log.warning("artifact_call_failed", tenant=tenant_id, kind=kind, status=reply.status)
             return None
         message, raw_usage = reply_from_completion(reply.body or b"")
-        usage = parse_usage(raw_usage)
-        if usage is not None:
-            got.calls.append((kind, body["model"], usage))
+        usage = await usage_or_estimate(body["model"], raw_usage, body["messages"], message)
+        got.calls.append((kind, body["model"], usage))
         content = (message or {}).get("content")
         return content if isinstance(content, str) else None
 

@@ -104,6 +104,17 @@ async def count_reply(reply: dict[str, Any] | None, model: str) -> int:
     return count_text(text, model)
 
 
+async def usage_or_estimate(
+    model: str, reported: Any, prompt: list[dict[str, Any]], reply: dict[str, Any] | None
+) -> Usage:
+    """The usage a model reported, or, when it reported none, our count of the prompt and the
+    reply (marked estimated): a call the proxy makes is charged either way."""
+    usage = parse_usage(reported)
+    if usage is not None:
+        return usage
+    return Usage(await count_prompt(prompt, model), await count_reply(reply, model), estimated=True)
+
+
 class Pricer:
     """Turns usage into a `Bill` with the tenant-wide price book."""
 

@@ -27,11 +27,11 @@ from policies.extraction import (
     parse_decisions,
 )
 from policies.memories import rank_memories, stem
-from policies.pricing import parse_usage
 from policies.recall import query_terms
 from policies.tokens import message_text
 from proxy.charges import MemoryCharges
 from proxy.config import Config
+from proxy.costs import usage_or_estimate
 from proxy.jobs import Apply, JobFailed, ask_model
 from proxy.memory import ANONYMOUS
 from proxy.metrics import Metrics
@@ -89,14 +89,13 @@ class MemoryExtractor:
         )
         raw = reply.decode("utf-8", "replace")
         message, raw_usage = reply_from_completion(reply)
-        usage = parse_usage(raw_usage)
-        if usage is not None:
-            try:
-                await self.charges.charge(
-                    job.tenant_id, job.ref, kind="extraction", model=settings.model, usage=usage
-                )
-            except StorageError as exc:
-                log.error("extraction_cost_not_recorded", job=job.pk, error=str(exc))
+        usage = await usage_or_estimate(settings.model, raw_usage, body["messages"], message)
+        try:
+            await self.charges.charge(
+                job.tenant_id, job.ref, kind="extraction", model=settings.model, usage=usage
+            )
+        except StorageError as exc:
+            log.error("extraction_cost_not_recorded", job=job.pk, error=str(exc))
         content = (message or {}).get("content")
         try:
             decisions, rejected = parse_decisions(content, known)

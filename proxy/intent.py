@@ -24,8 +24,9 @@ from policies.intent import (
     turn_and_history,
 )
 from policies.intent_labels import DEFAULT_LABELS, LabelSpec
-from policies.pricing import Usage, parse_usage
+from policies.pricing import Usage
 from proxy.config import Config, IntentSettings
+from proxy.costs import usage_or_estimate
 from proxy.metrics import Metrics
 from proxy.sse import reply_from_completion
 from proxy.upstream.base import Upstream
@@ -104,7 +105,9 @@ class IntentClassifiers:
                 reason = f"status_{reply.status}"
             else:
                 message, raw_usage = reply_from_completion(reply.body or b"")
-                usage = parse_usage(raw_usage)
+                usage = await usage_or_estimate(
+                    settings.model, raw_usage, body["messages"], message
+                )
                 intent = parse_llm_reply((message or {}).get("content"), classifier.labels)
                 if intent is not None:
                     self.metrics.intents.labels(tenant_id, intent.label, "llm").inc()

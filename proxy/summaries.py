@@ -25,7 +25,6 @@ import structlog
 from sqlalchemy import Connection
 
 from policies.context import Assembly, Budget, Recalled, StoredTurn
-from policies.pricing import parse_usage
 from policies.summaries import (
     KIND,
     BadSummary,
@@ -41,6 +40,7 @@ from policies.summaries import (
 from policies.tokens import count_message
 from proxy.charges import MemoryCharges
 from proxy.config import Config, TenantSettings
+from proxy.costs import usage_or_estimate
 from proxy.jobs import Apply, JobFailed, ask_model
 from proxy.memory import Turn
 from proxy.metrics import Metrics
@@ -272,14 +272,13 @@ class HistorySummarizer:
         )
         raw = reply.decode("utf-8", "replace")
         message, raw_usage = reply_from_completion(reply)
-        usage = parse_usage(raw_usage)
-        if usage is not None:
-            try:
-                await self.charges.charge(
-                    job.tenant_id, exchange_id, kind="summary", model=settings.model, usage=usage
-                )
-            except StorageError as exc:
-                log.error("summary_cost_not_recorded", job=job.pk, error=str(exc))
+        usage = await usage_or_estimate(settings.model, raw_usage, body["messages"], message)
+        try:
+            await self.charges.charge(
+                job.tenant_id, exchange_id, kind="summary", model=settings.model, usage=usage
+            )
+        except StorageError as exc:
+            log.error("summary_cost_not_recorded", job=job.pk, error=str(exc))
         content = (message or {}).get("content")
         try:
             return parse_summary(content)

@@ -382,3 +382,18 @@ async def test_a_memory_the_user_edits_while_the_model_thinks_keeps_the_users_ed
     assert job["result"]["applied"] == []
     assert [r["reason"] for r in job["result"]["rejected"]] == ["the memory was edited meanwhile"]
     assert [m["text"] for m in await proxy.memories()] == ["The user lives in Berlin."]
+
+
+async def test_a_memory_model_that_reports_no_usage_is_charged_by_our_count(
+    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str]
+) -> None:
+    model, proxy = memory_model[0], proxies()
+    model.script = [decisions({"action": "add", "text": "The user is called Alice."}, usage=False)]
+    request_id = await proxy.chat("My name is Alice.")
+    await proxy.job_of(request_id)
+    record = await proxy.get(f"/memory/exchanges/{request_id}")
+    (part,) = record["cost"]["parts"]
+    assert (part["kind"], part["model"], part["estimated"]) == ("extraction", MEMORY_MODEL, True)
+    # tiktoken's count of what was asked (the exchange, framed) and of the answer.
+    assert part["prompt_tokens"] > 20 and part["completion_tokens"] > 5
+    assert part["cost_usd"] > 0
