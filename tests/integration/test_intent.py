@@ -276,8 +276,9 @@ async def test_a_classifier_that_never_answers_holds_up_nothing(
     ) as response:
         chunks = (await response.parse()).__aiter__()
         first = await chunks.__anext__()
-        # The first chunk is here while the classifier has the request and has not answered.
-        assert len(judge.requests) == 1 and judge.replies_started == 0
+        # The first chunk is here while the classifier has not answered (it may not even have
+        # the request yet: both start together).
+        assert judge.replies_started == 0
         assert first.choices[0].delta.role == "assistant"
         rest = [c async for c in chunks]
         headers = response.headers
@@ -286,6 +287,7 @@ async def test_a_classifier_that_never_answers_holds_up_nothing(
     )
     assert "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
     record = await exchange(http, headers["x-request-id"])  # waits out the classifier's timeout
+    assert len(judge.requests) == 1  # it was asked, and never answered
     assert (record["status"], record["intent"]) == ("complete", "task")
     assert record["cost"]["parts"] == []
     # A whole (non-stream) reply waits for the classifier only up to its timeout, then says
