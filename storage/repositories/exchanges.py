@@ -79,8 +79,9 @@ class Exchanges:
             ) from exc
 
     def insert_finished(self, rows: list[dict[str, Any]]) -> None:
-        """Record exchanges that are already over, whole, in one statement."""
-        self.conn.execute(_INSERT, rows)
+        """Record exchanges that are already over, whole, in one statement (none: nothing)."""
+        if rows:
+            self.conn.execute(_INSERT, rows)
 
     def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
         unknown = set(fields) - FINISH_FIELDS
