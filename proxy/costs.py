@@ -105,14 +105,22 @@ async def count_reply(reply: dict[str, Any] | None, model: str) -> int:
 
 
 async def usage_or_estimate(
-    model: str, reported: Any, prompt: list[dict[str, Any]], reply: dict[str, Any] | None
+    model: str,
+    reported: Any,
+    prompt: list[dict[str, Any]],
+    reply: dict[str, Any] | None,
+    *,
+    prompt_tokens: int | None = None,
 ) -> Usage:
-    """The usage a model reported, or, when it reported none, our count of the prompt and the
-    reply (marked estimated): a call the proxy makes is charged either way."""
+    """The usage a model reported, or, when it reported none, our count of the prompt
+    (`prompt_tokens` if already counted) and the reply, marked estimated: a call is charged
+    either way."""
     usage = parse_usage(reported)
     if usage is not None:
         return usage
-    return Usage(await count_prompt(prompt, model), await count_reply(reply, model), estimated=True)
+    if prompt_tokens is None:
+        prompt_tokens = await count_prompt(prompt, model)
+    return Usage(prompt_tokens, await count_reply(reply, model), estimated=True)
 
 
 class Pricer:
@@ -139,12 +147,8 @@ class Pricer:
     ) -> Bill:
         """The bill from the upstream's usage, or, when it reported none, from our count of
         the prompt (`prompt_tokens` if already counted) and the reply."""
-        usage = parse_usage(reported)
-        if usage is not None:
-            bill = self.bill(model, usage)
+        usage = await usage_or_estimate(model, reported, prompt, reply, prompt_tokens=prompt_tokens)
+        bill = self.bill(model, usage)
+        if not usage.estimated:
             bill.reported = reported
-            return bill
-        if prompt_tokens is None:
-            prompt_tokens = await count_prompt(prompt, model)
-        completion = await count_reply(reply, model)
-        return self.bill(model, Usage(prompt_tokens, completion, estimated=True))
+        return bill

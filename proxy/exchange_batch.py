@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -108,13 +109,13 @@ def _insert_finished(rows: list[dict[str, Any]], conn: Connection) -> None:
     settles the batch first, but a request still waiting for its upstream adds to it later),
     as the spill's replay leaves them out."""
     erasures = Erasures(conn)
-    users = sorted({(r["tenant_id"], r["user_id"]) for r in rows})
-    for tenant_id, user_id in users:
-        erasures.share(tenant_id, user_id)
-    Exchanges(conn).insert_finished(
-        [
-            r
-            for r in rows
-            if not erasures.erased_since(r["tenant_id"], r["user_id"], r["started_at"])
-        ]
-    )
+    erased: dict[tuple[str, str], datetime | None] = {}
+    for user in sorted({(r["tenant_id"], r["user_id"]) for r in rows}):
+        erasures.share(*user)  # (before reading: an erasure under way is waited for)
+        erased[user] = erasures.erased_at(*user)
+    kept = []
+    for row in rows:
+        when = erased[(row["tenant_id"], row["user_id"])]
+        if when is None or when < row["started_at"]:
+            kept.append(row)
+    Exchanges(conn).insert_finished(kept)

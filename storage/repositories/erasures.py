@@ -65,9 +65,14 @@ class Erasures:
 
     def erased_since(self, tenant_id: str, user_id: str, at: datetime) -> bool:
         """Whether the user was erased at or after `at`."""
+        erased = self.erased_at(tenant_id, user_id)
+        return erased is not None and erased >= at
+
+    def erased_at(self, tenant_id: str, user_id: str) -> datetime | None:
+        """When the user was last erased (None: never)."""
         erased = self.conn.execute(
             select(E.c.erased_at).where(
                 E.c.tenant_id == tenant_id, E.c.user_hash == erased_user_hash(tenant_id, user_id)
             )
         ).scalar_one_or_none()
-        return erased is not None and utc(erased) >= at
+        return None if erased is None else utc(erased)
