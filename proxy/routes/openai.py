@@ -57,6 +57,19 @@ async def list_models(
     return to_response(request, await services.upstream_for(principal).list_models())
 
 
+def check_passthrough_path(method: str, path: str) -> None:
+    """404, as OpenAI answers an unknown URL, for a path (decoded) that could lead outside the
+    upstream's base URL once joined to it: a `.` or `..` segment, or a `?`, `#` or `\\` that
+    would move the rest into the query or cut it off, or a control character. The proxy's
+    own upstream key goes with every request passed through."""
+    if (
+        any(segment in (".", "..") for segment in path.split("/"))
+        or any(c in path for c in "?#\\")
+        or not path.isprintable()
+    ):
+        raise NotFound(f"Invalid URL ({method} /v1{path!r}).", code="invalid_url")
+
+
 @route(
     "/v1/{path:path}",
     http_method=[
@@ -76,6 +89,7 @@ async def passthrough(
     path: FromPath[str],
 ) -> Response[Any]:
     """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
+    check_passthrough_path(request.method, path)
     services.limits.admit(principal)  # counts the request; its tokens are not known here
     upstream = services.upstream_for(principal)
     started = time.perf_counter()

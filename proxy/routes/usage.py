@@ -8,6 +8,7 @@ summaries) appear in `cost.memory_usd` and `cost.parts` when they happen.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any, cast, get_args
 
@@ -29,6 +30,7 @@ from storage.repositories.exchanges import Exchanges, GroupBy
 # Costs are kept to 1e-10 USD (policies/pricing.py); sums of floats are rounded back to it.
 USD_DIGITS = 10
 DEFAULT_PERIOD = timedelta(days=30)
+_SECONDS = re.compile(r"[0-9]{1,12}")  # unix seconds (ASCII digits: "²".isdigit() is true)
 REQUEST_ID_MAX = 64
 
 
@@ -131,10 +133,13 @@ def _period(request: Request[Any, Any, Any]) -> tuple[datetime, datetime]:
     for name in ("from", "to"):
         raw = request.query_params.get(name)
         if raw is not None:
-            value: Any = int(raw) if raw.isdigit() and len(raw) <= 12 else raw
+            value: Any = int(raw) if _SECONDS.fullmatch(raw) else raw
             values[name] = parse_timestamp(value, name)
     end = values.get("to") or now()
-    start = values.get("from") or end - DEFAULT_PERIOD
+    try:
+        start = values.get("from") or end - DEFAULT_PERIOD
+    except OverflowError:  # (a 'to' in the first days of year 1)
+        raise BadRequest("'to' is too early for the 30 days before it.", param="to") from None
     if start >= end:
         raise BadRequest("'from' must be earlier than 'to'.", param="from")
     return start, end

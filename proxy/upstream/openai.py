@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -17,6 +18,7 @@ from proxy.upstream.headers import passthrough_headers
 log = structlog.get_logger("memproxy.upstream")
 # Request headers a client may set that the provider should still see.
 _FORWARD = ("content-type", "accept", "openai-beta", "idempotency-key")
+_PATH_SAFE = "/:@!$&'()*+,;="  # besides letters, digits and -._~
 
 
 def map_transport_error(exc: httpx.HTTPError, upstream: str) -> UpstreamError:
@@ -80,7 +82,10 @@ class OpenAIUpstream:
         stream: bool | None,
     ) -> UpstreamReply:
         """Send and wait for the response head; `stream=None` streams whatever comes back."""
-        url = self._base + path + ("?" + query.decode("latin-1") if query else "")
+        # The path as sent: percent-encoded again (the route has it decoded), so nothing in it
+        # reads as a query, a fragment or a dot segment (the passthrough also refuses those).
+        url = self._base + quote(path, safe=_PATH_SAFE)
+        url += "?" + query.decode("latin-1") if query else ""
         request = self._client.build_request(
             method, url, headers=headers, content=content, timeout=self._timeout
         )

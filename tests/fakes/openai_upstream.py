@@ -33,6 +33,7 @@ class Recorded:
     query: str
     headers: dict[str, str]
     body: bytes
+    raw_path: bytes = b""  # as sent (`path` is decoded)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -129,7 +130,12 @@ class FakeOpenAI:
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         recorded = Recorded(
-            scope["method"], scope["path"], scope["query_string"].decode(), headers, body
+            scope["method"],
+            scope["path"],
+            scope["query_string"].decode(),
+            headers,
+            body,
+            scope.get("raw_path") or b"",
         )
         self.requests.append(recorded)
         reply = self.script.pop(0) if self.script else self._default(recorded)

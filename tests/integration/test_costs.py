@@ -412,6 +412,9 @@ async def test_usage_report_and_exchanges_are_tenant_scoped(
         ({"group_by": "colour"}, "group_by"),
         ({"from": "yesterday"}, "from"),
         ({"from": "2026-02-01", "to": "2026-01-01"}, "from"),
+        ({"from": "\u00b2"}, "from"),  # a digit to str.isdigit(), not to int()
+        ({"to": "\u0661\u0662"}, "to"),
+        ({"to": "0001-01-15"}, "to"),  # the default 30 days before it are before year 1
         ({"user": ""}, "user"),
     ],
 )

@@ -701,6 +701,61 @@ async def test_embeddings_pass_through(client: openai.AsyncOpenAI, fake: FakeOpe
     }
 
 
+def raw_get(proxy_url: str, path: bytes, key: str = KEY) -> bytes:
+    """A GET sent as written: clients resolve `..` and `%2e%2e` before sending."""
+    address = httpx.URL(proxy_url)
+    with socket.create_connection((address.host, address.port or 80)) as sock:
+        sock.sendall(
+            b"GET "
+            + path
+            + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + key.encode()
+            + b"\r\nConnection: close\r\n\r\n"
+        )
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"/v1/../admin",
+        b"/v1/%2e%2e/admin",
+        b"/v1/..%2F..%2Fadmin",
+        b"/v1/files/..%2F..%2Fsecret",
+        b"/v1/files/%2E",
+        b"/v1/files%3Fpurpose=x",
+        b"/v1/files%23x",
+        b"/v1/files%5C..%5Cx",
+    ],
+)
+async def test_a_passthrough_path_that_could_leave_the_upstream_base_is_refused(
+    proxy_url: str, fake: FakeOpenAI, path: bytes
+) -> None:
+    # The proxy's own upstream key goes with a passthrough: a path that joined to the base
+    # URL resolves outside it (or moves into its query) would spend it anywhere on that host.
+    reply = await asyncio.to_thread(raw_get, proxy_url, path, CHAT_ONLY_KEY)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404"), head
+    assert json.loads(body)["error"]["code"] == "invalid_url"
+    assert fake.requests == []
+
+
+async def test_a_passthrough_path_is_sent_on_encoded_as_it_came(
+    proxy_url: str, fake: FakeOpenAI
+) -> None:
+    reply = await asyncio.to_thread(raw_get, proxy_url, b"/v1/files/a%25b%20c/content?x=1")
+    assert reply.startswith(b"HTTP/1.1 "), reply[:80]
+    sent = fake.requests[-1]
+    assert (sent.path, sent.raw_path, sent.query) == (
+        "/v1/files/a%b c/content",
+        b"/v1/files/a%25b%20c/content",
+        "x=1",
+    )
+
+
 async def test_models_list_is_the_upstreams_without_an_allow_list(
     client: openai.AsyncOpenAI, fake: FakeOpenAI
 ) -> None:
