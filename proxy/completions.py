@@ -40,7 +40,13 @@ from proxy.relay import to_response
 from proxy.replay import spilled_charge, spilled_intent, spilled_outcome, spilled_turn
 from proxy.requests import parse_inline
 from proxy.spill import Spilled, SpillFull
-from proxy.sse import ReplyAssembler, SSEDecoder, event_data, reply_from_completion
+from proxy.sse import (
+    ReplyAssembler,
+    SSEDecoder,
+    error_text,
+    event_data,
+    reply_from_completion,
+)
 from proxy.state import AppState
 from proxy.storage_circuit import StorageCircuitOpen
 from proxy.summaries import summarize_history
@@ -158,7 +164,11 @@ class ChatStreamObserver:
             return False
 
     async def _outcome(self, status: str, error: str | None) -> Outcome:
-        if status == "complete" and not (self.reply.done or self.reply.finish_reason):
+        if self.reply.error is not None:
+            # The upstream said it failed, in the stream (vLLM and others, often followed by
+            # `[DONE]`): what arrived is not an answer, whatever came after.
+            status, error = "error", f"upstream error event: {error_text(self.reply.error)}"
+        elif status == "complete" and not (self.reply.done or self.reply.finish_reason):
             status = "incomplete"
         reply = self.reply.message() if self.reply.received_anything else None
         chat = self.chat

@@ -167,6 +167,7 @@ async def relay(
             finished = True
             await observer.finish("complete", None)
             yield chunk[at:]
+            return  # nothing follows `[DONE]`: not waited for (the upstream is closed below)
         if not finished:
             rest = observer.flush()
             finished = True

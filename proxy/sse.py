@@ -131,6 +131,13 @@ class ReplyAssembler:
         return message
 
 
+def error_text(error: dict[str, Any]) -> str:
+    """An upstream's `error` object as the exchange records it: its message, else the whole."""
+    message = error.get("message")
+    text = message if isinstance(message, str) and message else msgspec.json.encode(error).decode()
+    return text[:2000]
+
+
 def reply_from_completion(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(assistant message of choice 0, usage) from a non-streamed completion body."""
     try:

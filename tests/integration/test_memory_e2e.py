@@ -19,7 +19,7 @@ import pytest
 from proxy.app import create_app
 from proxy.config import Config, ContextSettings, TenantConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
-from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, error_reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, error_reply, sse
 from tests.fakes.server import ServerThread
 
 MODEL = "gpt-4o-mini"
@@ -381,6 +381,40 @@ async def test_upstream_error_mid_stream_stores_the_reply_as_error(
     # The next turn does not carry the broken reply.
     await chat(client, [user("Hello?")], thin("broken"))
     assert fake.chat_requests[-1]["messages"] == [user("Go on."), user("Hello?")]
+
+
+@pytest.mark.parametrize("then_done", [True, False])
+async def test_an_error_event_mid_stream_stores_the_reply_as_error(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI, then_done: bool
+) -> None:
+    # vLLM and others report a failure mid-stream as an `error` event, then `[DONE]`.
+    upstream = chat_reply({"model": MODEL, "messages": [user("Go on.")], "stream": True})
+    chunks = [*upstream.chunks[:2], sse({"error": {"message": "model overloaded"}})]
+    fake.script.append(Reply(chunks=[*chunks, b"data: [DONE]\n\n"] if then_done else chunks))
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("Go on.")], stream=True, extra_headers=thin("failed")
+    )
+    with pytest.raises(openai.APIError, match="model overloaded"):
+        async for _ in raw.parse():
+            pass
+
+    stored = await api.messages("failed")
+    assert [(m["role"], m["status"]) for m in stored] == [
+        ("user", "complete"),
+        ("assistant", "error"),
+    ]
+    exchange = (await api.http.get(f"/exchanges/{raw.headers['x-request-id']}")).json()
+    assert exchange["status"] == "error"
+    assert "model overloaded" in exchange["error"]
+    # A retry of the turn stores it once, and the failed reply is not attached.
+    await chat(client, [user("Go on.")], thin("failed"))
+    assert fake.chat_requests[-1]["messages"] == [user("Go on.")]
+    stored = await api.messages("failed")
+    assert [(m["role"], m["status"]) for m in stored] == [
+        ("user", "complete"),
+        ("assistant", "error"),
+        ("assistant", "complete"),
+    ]
 
 
 # --- tool calls under a tiny budget -------------------------------------------------------------

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from proxy.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
 from tests.conftest import CHAT_ONLY_KEY, KEY, make_config
-from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, sse
 
 USER_HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 TOOLS: list[Any] = [
@@ -626,6 +626,26 @@ async def test_upstream_dying_mid_stream_ends_with_an_error_event(
     assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == "upstream_unreachable"
     assert "[DONE]" not in raw
+
+
+async def test_nothing_is_relayed_after_done(proxy_url: str, fake: FakeOpenAI) -> None:
+    # What an upstream sends after `[DONE]` (here an error event) is not waited for, nor sent.
+    upstream = chat_reply({"model": "gpt-4o-mini", "messages": USER_HELLO, "stream": True})
+    assert upstream.chunks is not None and upstream.chunks[-1] == b"data: [DONE]\n\n"
+    late = sse({"error": {"message": "late", "type": "server_error"}})
+    fake.script.append(Reply(chunks=[*upstream.chunks, late]))
+    async with (
+        httpx.AsyncClient() as http,
+        http.stream(
+            "POST",
+            proxy_url + "/chat/completions",
+            headers={"authorization": f"Bearer {KEY}"},
+            json={"model": "gpt-4o-mini", "messages": USER_HELLO, "stream": True},
+        ) as response,
+    ):
+        raw = (await response.aread()).decode()
+    assert raw.endswith("data: [DONE]\n\n")
+    assert "late" not in raw
 
 
 async def test_upstream_dying_mid_stream_raises_api_error_in_the_sdk(
