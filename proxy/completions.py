@@ -38,7 +38,7 @@ from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
 from proxy.replay import spilled_charge, spilled_intent, spilled_outcome, spilled_turn
-from proxy.requests import parse_inline
+from proxy.requests import header_text, parse_inline
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import (
     ReplyAssembler,
@@ -77,7 +77,7 @@ class Extensions:
 
 def read_extensions(request: Request[Any, Any, Any], body: dict[str, Any]) -> Extensions:
     headers = request.headers
-    user = headers.get("x-memory-user-id") or body.get("user")
+    user = header_text(request, "X-Memory-User-Id") or body.get("user")
     if user is not None and (
         not isinstance(user, str) or not user.strip() or len(user) > 256 or "\x00" in user
     ):

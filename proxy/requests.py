@@ -57,6 +57,19 @@ def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
         raise BadRequest("The request's path or query contains the NUL character (%00).")
 
 
+def header_text(request: Request[Any, Any, Any], name: str) -> str | None:
+    """A request header's value as UTF-8 text (the server hands values over read as Latin-1),
+    so that a user id sent as UTF-8 is the same user the JSON body or a query names; 400 if
+    the bytes are not UTF-8."""
+    value = request.headers.get(name)
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise BadRequest(f"The {name} header must be UTF-8.", param=name) from None
+
+
 def check_chat_request(body: dict[str, Any]) -> None:
     """The fields the proxy itself relies on; everything else is the upstream's to judge."""
     model = body.get("model")

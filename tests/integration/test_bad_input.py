@@ -332,3 +332,24 @@ def test_a_nul_anywhere_is_a_400_on_both_databases_and_stores_nothing(
         assert stored.status_code == 201, stored.text
         found = client.get(f"{upload}/{stored.json()['id']}")
         assert found.json()["content"] == "teatime"
+
+
+def test_a_user_id_header_is_read_as_utf8_the_same_user_as_in_the_management_api(
+    server: tuple[httpx.Client, FakeOpenAI],
+) -> None:
+    # Header values arrive as bytes; read as Latin-1, "José" became another user ("JosÃ©"),
+    # whom listing, export and erasure by the real name would miss.
+    client, _ = server
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hola"}]}
+    sent = client.post(
+        "/v1/chat/completions", json=chat, headers={"X-Memory-User-Id": "José".encode()}
+    )
+    assert sent.status_code == 200, sent.text
+    [conversation] = client.get("/v1/memory/conversations", params={"user": "José"}).json()["data"]
+    assert conversation["user"] == "José"
+    erased = client.delete(f"/v1/memory/users/{quote('José')}").json()["deleted"]
+    assert erased["conversations"] == 1
+    # Bytes that are not UTF-8 name no user.
+    bad = client.post("/v1/chat/completions", json=chat, headers={"X-Memory-User-Id": b"Jos\xe9"})
+    assert bad.status_code == 400 and openai_error(bad) is None
+    assert bad.json()["error"]["param"] == "X-Memory-User-Id"
