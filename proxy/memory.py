@@ -27,6 +27,7 @@ from policies.identity import (
     chain_next,
     continues,
     fingerprint,
+    request_hash,
     rewind,
     split_request,
 )
@@ -400,17 +401,21 @@ class ConversationMemory:
     ) -> None:
         """`begin()`'s work inside the caller's transaction (also the spill's replay)."""
         Erasures(conn).share(turn.tenant_id, turn.user_id)  # never half before an erasure
+        if exchange.idempotency_key:
+            exchange.request_hash = request_hash(messages)
         key = self._resolve(
             conn,
             turn,
             conversation_id,
             exchange.idempotency_key,
+            exchange.request_hash,
             messages,
             context,
             count,
             lambda history: _classify(turn, exchange, intent_of, history + messages),
         )
         exchange.idempotency_key = key
+        exchange.request_hash = exchange.request_hash if key else None  # (kept with the key)
         exchange.conversation_pk = turn.conversation.pk if turn.conversation else None
         exchange.conversation_id = turn.conversation_id or conversation_id
         Exchanges(conn).start(exchange)
@@ -421,13 +426,15 @@ class ConversationMemory:
         turn: Turn,
         conversation_id: str | None,
         idempotency_key: str | None,
+        asked: str | None,
         messages: list[dict[str, Any]],
         context: ContextSettings,
         count: TokenCounter,
         classify: Callable[[list[dict[str, Any]]], Intent | None],
     ) -> str | None:
-        """Fill `turn` in; return the idempotency key to record on the new exchange.
-        `classify(history)` gives the turn's intent once its history is known."""
+        """Fill `turn` in; return the idempotency key to record on the new exchange (`asked`:
+        the request's `request_hash`, with a key). `classify(history)` gives the turn's
+        intent once its history is known."""
         prior = None
         if idempotency_key:
             prior = Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
@@ -435,6 +442,14 @@ class ConversationMemory:
                 # Not a retry: answering it as one would hand over the other user's context.
                 raise Unprocessable(
                     "This Idempotency-Key was already used for another user's request.",
+                    param="Idempotency-Key",
+                    code="idempotency_key_reused",
+                )
+            if prior is not None and prior.request_hash not in (None, asked):
+                # Nor is other messages under the key: taken for a retry, it was answered and
+                # its turn never stored. (Exchanges recorded before hashes were kept have none.)
+                raise Unprocessable(
+                    "This Idempotency-Key was already used for a request with other messages.",
                     param="Idempotency-Key",
                     code="idempotency_key_reused",
                 )

@@ -116,6 +116,8 @@ class Exchange(Base):
     )
     conversation_id: Mapped[str | None] = mapped_column(String(128))
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
+    # With a key: the chained hash of the request's messages (a retry sends the same ones).
+    request_hash: Mapped[str | None] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(256))
     upstream: Mapped[str] = mapped_column(String(128))
     mode: Mapped[str] = mapped_column(String(8))

@@ -79,6 +79,7 @@ class NewExchange:
     conversation_pk: int | None = None
     conversation_id: str | None = None
     idempotency_key: str | None = None
+    request_hash: str | None = None
     attached: dict[str, Any] = field(default_factory=dict)
     intent: str | None = None
     intent_detail: dict[str, Any] | None = None
@@ -92,6 +93,7 @@ class ExchangeRecord:
     conversation_pk: int | None
     conversation_id: str | None
     idempotency_key: str | None
+    request_hash: str | None
     model: str
     upstream: str
     mode: str

@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection
+from sqlalchemy import Connection, update
 
 from policies.pricing import Usage
 from proxy.config import ContextSettings
 from proxy.costs import Bill
-from proxy.errors import NotFound
+from proxy.errors import NotFound, Unprocessable
 from proxy.exchange_batch import DeferredExchanges
 from proxy.memory import ConversationMemory, Mode, Outcome, Turn
 from proxy.spill import SpillFile
 from storage.database import Database
+from storage.models import EXCHANGES
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
@@ -235,6 +236,33 @@ async def test_idempotency_key_replay_stores_nothing_new(
     assert original is not None and original.request_id == first.request_id
     replayed = await exchange_of(db, replay)
     assert (replayed.status, replayed.conversation_id) == ("complete", first.conversation_id)
+
+
+async def test_an_idempotency_key_reused_with_other_messages_is_refused_and_stores_nothing(
+    memory: ConversationMemory, db: Database
+) -> None:
+    first = await exchange_turn(memory, [user("hi")], "hello", idempotency_key="k1")
+    for mode in ("full", "read", "off"):
+        with pytest.raises(Unprocessable) as refused:
+            await begin(memory, [user("something else")], idempotency_key="k1", mode=mode)
+        assert (refused.value.param, refused.value.code) == (
+            "Idempotency-Key",
+            "idempotency_key_reused",
+        )
+    assert await stored(db, first.conversation_id) == [("user", "hi"), ("assistant", "hello")]
+    # The same messages under it are still a retry of the first.
+    retry = await begin(memory, [user("hi")], idempotency_key="k1")
+    assert (retry.conversation_id, retry.store_reply) == (first.conversation_id, False)
+    # An exchange recorded before requests were hashed has none: a request under its key is
+    # taken for a retry, as it was then.
+    await db.write(
+        lambda conn: conn.execute(
+            update(EXCHANGES).where(EXCHANGES.c.request_id == first.request_id),
+            {"request_hash": None},
+        )
+    )
+    older = await begin(memory, [user("something else")], idempotency_key="k1")
+    assert (older.conversation_id, older.store_reply) == (first.conversation_id, False)
 
 
 async def test_concurrent_requests_with_one_idempotency_key_store_the_turn_once(
