@@ -30,8 +30,21 @@ class RequestInfo:
     upstream_ms: float | None = None
     first_byte_ms: float | None = None
     status: int = 0
+    # ok, refused (a 4xx of the proxy's own), upstream_error (the upstream failed or answered
+    # an error), error (the proxy failed), client_disconnected
     outcome: str = "ok"
+    code: str | None = None  # an error response's `code`
     logged: bool = False
+
+    def failed(self, status: int, code: str | None, *, upstream: bool = False) -> None:
+        """An error response: what the access line says of it."""
+        self.code = code
+        if upstream:
+            self.outcome = "upstream_error"
+        elif status >= 500:
+            self.outcome = "error"
+        elif status >= 400:
+            self.outcome = "refused"
 
 
 def request_info(scope: Scope | dict[str, Any]) -> RequestInfo:
@@ -76,4 +89,5 @@ def log_access(scope: Scope | dict[str, Any], info: RequestInfo) -> None:
         first_byte_ms=round(info.first_byte_ms or 0.0, 2),
         upstream_ms=None if info.upstream_ms is None else round(info.upstream_ms, 2),
         outcome=info.outcome,
+        code=info.code,
     )

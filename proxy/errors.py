@@ -149,7 +149,9 @@ _HTTP_TYPES = {
 }
 
 
-def handle_proxy_error(_: Request[Any, Any, Any], exc: ProxyError) -> Response[Any]:
+def handle_proxy_error(request: Request[Any, Any, Any], exc: ProxyError) -> Response[Any]:
+    upstream = isinstance(exc, UpstreamError)
+    request_info(request.scope).failed(exc.status, exc.code, upstream=upstream)
     return json_response(exc.body(), exc.status, exc.headers)
 
 
@@ -164,23 +166,27 @@ def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -
         message = "Request body is larger than this server accepts (server.max_body_bytes)."
     elif exc.status_code >= 500:
         type_, message = "server_error", "The server had an error processing your request."
+    request_info(request.scope).failed(exc.status_code, code)
     return json_response(error_body(message, type_, None, code), exc.status_code, exc.headers)
 
 
 def handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    request_id = request_info(request.scope).request_id
+    info = request_info(request.scope)
+    info.failed(500, None)
+    request_id = info.request_id
     log.exception("unhandled_error", path=request.url.path, request_id=request_id)
     message = f"The server had an error processing your request (request id {request_id})."
     return json_response(error_body(message, "server_error"), 500)
 
 
-def handle_storage_error(_: Request[Any, Any, Any], exc: StorageError) -> Response[Any]:
+def handle_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Response[Any]:
     """Storage failures that reach the edge (the management API; a fail-closed chat)."""
     if isinstance(exc, ConflictError):
         error: ProxyError = Conflict("The request conflicts with stored data; retry it.")
     else:
         log.error("storage_unavailable", error=str(exc))
         error = ServiceUnavailable("Storage is unavailable; retry shortly.")
+    request_info(request.scope).failed(error.status, error.code)
     return json_response(
         error.body(), error.status, {"retry-after": "1"} if error.status == 503 else None
     )

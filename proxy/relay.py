@@ -71,6 +71,8 @@ def to_response(
     observer: StreamObserver | None = None,
 ) -> Response[Any]:
     out_headers = {**reply.headers, **(headers or {})}
+    if reply.status >= 400:  # the upstream's own error, passed on
+        request_info(request.scope).failed(reply.status, None, upstream=True)
     if reply.chunks is None:
         return Response(
             content=reply.body or b"",
@@ -179,6 +181,7 @@ async def relay(
         # last event saying so, and what arrived is recorded.
         error = exc if isinstance(exc, ProxyError) else ProxyError("The stream failed.")
         info.outcome = "upstream_error" if isinstance(exc, ProxyError) else "error"
+        info.code = error.code
         unexpected = not isinstance(exc, ProxyError)
         log.warning(
             "stream_broken", request_id=info.request_id, error=str(exc), exc_info=unexpected

@@ -3,13 +3,14 @@ says so, and never an API key (the tenant's or the upstream's)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.openai_upstream import FakeOpenAI, error_reply
 from tests.fakes.server import ServerThread
 from tests.processes import spawn, stop, wait_ready
 
@@ -61,11 +62,29 @@ def test_content_is_logged_only_when_asked_and_keys_never(
                 timeout=30,
             )
             assert refused.status_code == 401
+            fake.script.append(error_reply(400, "bad request upstream"))
+            failed = httpx.post(
+                replica.url + "/chat/completions", json=body, headers=headers, timeout=30
+            )
+            assert failed.status_code == 400
         finally:
             stop(replica)
-    assert len(fake.chat_requests) == 2
+    assert len(fake.chat_requests) == 3
     log = replica.log.read_text(errors="replace")
     assert "request_id" in log  # (the access lines are there)
+    # Each access line says how the request ended, and an error's code.
+    access = [
+        (re.search(r"status=(\d+)", line), re.search(r"outcome=(\w+)", line), line)
+        for line in log.splitlines()
+        if "path=/v1/chat/completions" in line and "outcome=" in line
+    ]
+    assert [(s and s[1], o and o[1]) for s, o, _ in access] == [
+        ("200", "ok"),
+        ("200", "ok"),
+        ("401", "refused"),
+        ("400", "upstream_error"),
+    ]
+    assert "code=invalid_api_key" in access[2][2]
     assert (SECRET in log) is log_content
     assert ("fake reply to: " + SECRET in log) is log_content
     for key in (KEY, UPSTREAM_KEY, "sk-wrong-key-5555"):
