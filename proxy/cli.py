@@ -33,14 +33,25 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the proxy")
     serve.add_argument("--config", help="config file (default: $MEMPROXY_CONFIG or config.yaml)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--log-level", default="info")
-    serve.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    serve.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080, help="default: 8080")
+    serve.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="default: info",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
+        help="default: auto (console on a terminal, JSON otherwise)",
+    )
     check = sub.add_parser("check-config", help="validate a config file and exit")
-    check.add_argument("--config")
+    check.add_argument("--config", help="config file (default: $MEMPROXY_CONFIG or config.yaml)")
     migrate = sub.add_parser("migrate", help="apply database migrations and exit")
-    migrate.add_argument("--config")
+    migrate.add_argument("--config", help="config file (default: $MEMPROXY_CONFIG or config.yaml)")
     args = parser.parse_args(argv)
 
     path = _path(args.config)

@@ -406,7 +406,7 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
         config = Config.model_validate(doc)
     except ValidationError as exc:
         raise ConfigError(_first_error(exc)) from None
-    _check_keys_unique(config)
+    _check_keys(config)
     return config
 
 
@@ -424,11 +424,18 @@ def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope]]]:
     return keys
 
 
-def _check_keys_unique(config: Config) -> None:
+def _check_keys(config: Config) -> None:
+    """Each key usable (no client sends an empty one, nor spaces around it) and one tenant's."""
     seen: dict[str, str] = {}
     for name, tenant in config.tenants.items():
         for i, entry in enumerate(tenant.api_keys):
-            digest = key_digest(entry if isinstance(entry, str) else entry.key)
+            key = entry if isinstance(entry, str) else entry.key
+            if not key.strip() or key != key.strip():
+                raise ConfigError(
+                    f"tenants.{name}.api_keys.{i}: a key may not be empty or begin or end with "
+                    "a space (an environment variable set to nothing?)"
+                )
+            digest = key_digest(key)
             if digest in seen and seen[digest] != name:
                 raise ConfigError(
                     f"tenants.{name}.api_keys.{i}: key already belongs to tenant {seen[digest]!r}"

@@ -89,6 +89,18 @@ tenants:
         load_config(dup, environ={})
 
 
+@pytest.mark.parametrize(
+    ("keys", "environ"),
+    [('["${KEY}"]', {"KEY": ""}), ('["  "]', {}), ('[{key: " k"}]', {}), ('["k "]', {})],
+)
+def test_a_key_no_client_could_send_is_an_error(
+    tmp_path: Path, keys: str, environ: dict[str, str]
+) -> None:
+    path = write(tmp_path, f"tenants:\n  a: {{api_keys: {keys}}}\n")
+    with pytest.raises(ConfigError, match=r"tenants\.a\.api_keys\.0: a key may not be empty"):
+        load_config(path, environ=environ)
+
+
 def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
     write(
         tmp_path, "acme: {api_keys: [acme-key], context: {token_budget: 10}}\n", "tenants/acme.yaml"
