@@ -11,11 +11,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+# Installed once per change of pyproject.toml (a stamp in the venv), so a restart needs no
+# network; `make clean` starts over.
+install: $(VENV)/.installed
 
-install-dev: $(BIN)/python
+install-dev: $(VENV)/.installed-dev
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
 
 serve: install
 	$(BIN)/memproxy serve --config config.yaml --host $(HOST) --port $(PORT)
