@@ -446,8 +446,9 @@ class ConversationMemory:
                     code="idempotency_key_reused",
                 )
             if prior is not None and prior.request_hash not in (None, asked):
-                # Nor is other messages under the key: taken for a retry, it was answered and
-                # its turn never stored. (Exchanges recorded before hashes were kept have none.)
+                # Nor is a request with other messages under the key: taken for a retry, it
+                # was answered and its turn never stored. (Exchanges recorded before hashes
+                # were kept have none.)
                 raise Unprocessable(
                     "This Idempotency-Key was already used for a request with other messages.",
                     param="Idempotency-Key",

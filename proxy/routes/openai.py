@@ -67,7 +67,7 @@ def check_passthrough_path(method: str, path: str) -> None:
         or any(c in path for c in "?#\\")
         or not path.isprintable()
     ):
-        raise NotFound(f"Invalid URL ({method} /v1{path!r}).", code="invalid_url")
+        raise NotFound(f"Invalid URL ({method} /v1{path}).", code="invalid_url")
 
 
 @route(

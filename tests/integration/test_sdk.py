@@ -601,12 +601,8 @@ async def test_stream_is_relayed_before_the_upstream_finishes(
     await wait_until(lambda: fake.streams_finished == 1)
 
 
-async def test_upstream_dying_mid_stream_ends_with_an_error_event(
-    proxy_url: str, fake: FakeOpenAI
-) -> None:
-    upstream = chat_reply({"model": "gpt-4o-mini", "messages": USER_HELLO, "stream": True})
-    assert upstream.chunks is not None
-    fake.script.append(Reply(chunks=upstream.chunks, die_after=2))
+async def stream_hello(proxy_url: str) -> str:
+    """The body of a streamed chat request, as sent, read to its end (a 200 head)."""
     async with (
         httpx.AsyncClient() as http,
         http.stream(
@@ -617,7 +613,16 @@ async def test_upstream_dying_mid_stream_ends_with_an_error_event(
         ) as response,
     ):
         assert response.status_code == 200
-        raw = (await response.aread()).decode()  # returns: the proxy closed the stream
+        return (await response.aread()).decode()
+
+
+async def test_upstream_dying_mid_stream_ends_with_an_error_event(
+    proxy_url: str, fake: FakeOpenAI
+) -> None:
+    upstream = chat_reply({"model": "gpt-4o-mini", "messages": USER_HELLO, "stream": True})
+    assert upstream.chunks is not None
+    fake.script.append(Reply(chunks=upstream.chunks, die_after=2))
+    raw = await stream_hello(proxy_url)  # returns: the proxy closed the stream
     events = sse_data(raw)
     expected = [json.loads(c.removeprefix(b"data: ")) for c in upstream.chunks[:2]]
     assert [json.loads(e) for e in events[:2]] == expected
@@ -634,16 +639,7 @@ async def test_nothing_is_relayed_after_done(proxy_url: str, fake: FakeOpenAI) -
     assert upstream.chunks is not None and upstream.chunks[-1] == b"data: [DONE]\n\n"
     late = sse({"error": {"message": "late", "type": "server_error"}})
     fake.script.append(Reply(chunks=[*upstream.chunks, late]))
-    async with (
-        httpx.AsyncClient() as http,
-        http.stream(
-            "POST",
-            proxy_url + "/chat/completions",
-            headers={"authorization": f"Bearer {KEY}"},
-            json={"model": "gpt-4o-mini", "messages": USER_HELLO, "stream": True},
-        ) as response,
-    ):
-        raw = (await response.aread()).decode()
+    raw = await stream_hello(proxy_url)
     assert raw.endswith("data: [DONE]\n\n")
     assert "late" not in raw
 
