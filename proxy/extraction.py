@@ -31,11 +31,9 @@ from policies.recall import query_terms
 from policies.tokens import message_text
 from proxy.charges import MemoryCharges
 from proxy.config import Config
-from proxy.costs import usage_or_estimate
 from proxy.jobs import Apply, JobFailed, ask_model
 from proxy.memory import ANONYMOUS
 from proxy.metrics import Metrics
-from proxy.sse import reply_from_completion
 from proxy.upstream.base import Upstream
 from storage.database import Database
 from storage.errors import StorageError
@@ -84,23 +82,19 @@ class MemoryExtractor:
             # Erased, or its conversation deleted, since: there is nothing to learn from.
             return lambda conn: {"skipped": "the exchange's messages are gone"}
         body = extraction_request(settings.model, [m.to_openai() for m in messages], known)
-        reply = await ask_model(
+        answer = await ask_model(
             upstream, body, seconds=settings.timeout_seconds, what="the memory model"
         )
-        raw = reply.decode("utf-8", "replace")
-        message, raw_usage = reply_from_completion(reply)
-        usage = await usage_or_estimate(settings.model, raw_usage, body["messages"], message)
         try:
             await self.charges.charge(
-                job.tenant_id, job.ref, kind="extraction", model=settings.model, usage=usage
+                job.tenant_id, job.ref, kind="extraction", model=settings.model, usage=answer.usage
             )
         except StorageError as exc:
             log.error("extraction_cost_not_recorded", job=job.pk, error=str(exc))
-        content = (message or {}).get("content")
         try:
-            decisions, rejected = parse_decisions(content, known)
+            decisions, rejected = parse_decisions(answer.content, known)
         except BadExtraction as exc:
-            raise JobFailed(str(exc), output=content if isinstance(content, str) else raw) from exc
+            raise JobFailed(str(exc), output=answer.output) from exc
         shown = {k.id: k.text for k in known}
         return lambda conn: self._apply(conn, job, settings.model, decisions, rejected, shown)
 

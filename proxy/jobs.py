@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +26,10 @@ import structlog
 from sqlalchemy import Connection
 
 from policies.jobs import RetryPolicy
+from policies.pricing import Usage
+from proxy.costs import usage_or_estimate
 from proxy.metrics import Metrics
+from proxy.sse import reply_from_completion
 from proxy.upstream.base import Upstream
 from storage.database import Database
 from storage.errors import StorageError
@@ -51,12 +55,30 @@ class JobFailed(Exception):
         self.reason, self.output = reason, output
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A model's answer to a job's call."""
+
+    message: dict[str, Any] | None
+    usage: Usage  # as reported, or counted (marked estimated): the call is charged either way
+    raw: str  # the body, as text
+
+    @property
+    def content(self) -> Any:
+        return (self.message or {}).get("content")
+
+    @property
+    def output(self) -> str:
+        """What a job that fails on the answer keeps of it: its text, else the whole body."""
+        return self.content if isinstance(self.content, str) else self.raw
+
+
 async def ask_model(
     upstream: Upstream, body: dict[str, Any], *, seconds: float, what: str
-) -> bytes:
-    """A job's call to a model (`what`: "the memory model", say) within `seconds`: the
-    reply's body, or JobFailed for a timeout, an upstream out of reach or an error status
-    (with its body)."""
+) -> Answer:
+    """A job's call to a model (`what`: "the memory model", say) within `seconds`: its
+    answer, or JobFailed for a timeout, an upstream out of reach or an error status (with
+    its body)."""
     try:
         async with asyncio.timeout(seconds):
             reply = await upstream.chat_completions(body, stream=False)
@@ -64,10 +86,13 @@ async def ask_model(
         raise JobFailed(f"{what} did not answer within {seconds:g} s") from exc
     except Exception as exc:
         raise JobFailed(f"{what} could not be reached: {exc!r}") from exc
+    data = reply.body or b""
+    raw = data.decode("utf-8", "replace")
     if reply.status >= 400:
-        output = (reply.body or b"").decode("utf-8", "replace")
-        raise JobFailed(f"{what} answered {reply.status}", output=output)
-    return reply.body or b""
+        raise JobFailed(f"{what} answered {reply.status}", output=raw)
+    message, reported = reply_from_completion(data)
+    usage = await usage_or_estimate(body["model"], reported, body["messages"], message)
+    return Answer(message, usage, raw)
 
 
 def _now() -> datetime:

@@ -40,11 +40,9 @@ from policies.summaries import (
 from policies.tokens import count_message
 from proxy.charges import MemoryCharges
 from proxy.config import Config, TenantSettings
-from proxy.costs import usage_or_estimate
 from proxy.jobs import Apply, JobFailed, ask_model
 from proxy.memory import Turn
 from proxy.metrics import Metrics
-from proxy.sse import reply_from_completion
 from proxy.state import AppState
 from proxy.upstream.base import Upstream
 from storage.database import Database
@@ -267,23 +265,19 @@ class HistorySummarizer:
         body = summary_request(
             settings.model, previous, [m.to_openai() for m in turns], max_tokens=settings.max_tokens
         )
-        reply = await ask_model(
+        answer = await ask_model(
             upstream, body, seconds=settings.timeout_seconds, what="the summary model"
         )
-        raw = reply.decode("utf-8", "replace")
-        message, raw_usage = reply_from_completion(reply)
-        usage = await usage_or_estimate(settings.model, raw_usage, body["messages"], message)
         try:
             await self.charges.charge(
-                job.tenant_id, exchange_id, kind="summary", model=settings.model, usage=usage
+                job.tenant_id, exchange_id, kind="summary", model=settings.model, usage=answer.usage
             )
         except StorageError as exc:
             log.error("summary_cost_not_recorded", job=job.pk, error=str(exc))
-        content = (message or {}).get("content")
         try:
-            return parse_summary(content)
+            return parse_summary(answer.content)
         except BadSummary as exc:
-            raise JobFailed(str(exc), output=content if isinstance(content, str) else raw) from exc
+            raise JobFailed(str(exc), output=answer.output) from exc
 
     def _apply(
         self,
