@@ -57,12 +57,6 @@ def chain_hashes(messages: Iterable[Message], start: str = EMPTY_CHAIN) -> list[
     return out
 
 
-def request_hash(messages: Sequence[Message]) -> str:
-    """Identifies a request's messages: what a retry under the same idempotency key sends."""
-    hashes = chain_hashes(messages)
-    return hashes[-1] if hashes else EMPTY_CHAIN
-
-
 def fingerprint(messages: Sequence[Message]) -> str:
     """Identifies how a conversation opened: its first system and first user message."""
     first_system = next((m for m in messages if m.get("role") in ("system", "developer")), {})

@@ -27,7 +27,6 @@ from policies.identity import (
     chain_next,
     continues,
     fingerprint,
-    request_hash,
     rewind,
     split_request,
 )
@@ -401,21 +400,20 @@ class ConversationMemory:
     ) -> None:
         """`begin()`'s work inside the caller's transaction (also the spill's replay)."""
         Erasures(conn).share(turn.tenant_id, turn.user_id)  # never half before an erasure
-        if exchange.idempotency_key:
-            exchange.request_hash = request_hash(messages)
+        hashes = chain_hashes(messages)  # (the last one identifies the request's messages)
         key = self._resolve(
             conn,
             turn,
             conversation_id,
             exchange.idempotency_key,
-            exchange.request_hash,
             messages,
+            hashes,
             context,
             count,
             lambda history: _classify(turn, exchange, intent_of, history + messages),
         )
         exchange.idempotency_key = key
-        exchange.request_hash = exchange.request_hash if key else None  # (kept with the key)
+        exchange.request_hash = hashes[-1] if key and hashes else None  # (kept with the key)
         exchange.conversation_pk = turn.conversation.pk if turn.conversation else None
         exchange.conversation_id = turn.conversation_id or conversation_id
         Exchanges(conn).start(exchange)
@@ -426,15 +424,15 @@ class ConversationMemory:
         turn: Turn,
         conversation_id: str | None,
         idempotency_key: str | None,
-        asked: str | None,
         messages: list[dict[str, Any]],
+        hashes: list[str],
         context: ContextSettings,
         count: TokenCounter,
         classify: Callable[[list[dict[str, Any]]], Intent | None],
     ) -> str | None:
-        """Fill `turn` in; return the idempotency key to record on the new exchange (`asked`:
-        the request's `request_hash`, with a key). `classify(history)` gives the turn's
-        intent once its history is known."""
+        """Fill `turn` in; return the idempotency key to record on the new exchange. `hashes`:
+        the messages' chained hashes; `classify(history)` gives the turn's intent once its
+        history is known."""
         prior = None
         if idempotency_key:
             prior = Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
@@ -445,6 +443,7 @@ class ConversationMemory:
                     param="Idempotency-Key",
                     code="idempotency_key_reused",
                 )
+            asked = hashes[-1] if hashes else None
             if prior is not None and prior.request_hash not in (None, asked):
                 # Nor is a request with other messages under the key: taken for a retry, it
                 # was answered and its turn never stored. (Exchanges recorded before hashes
@@ -461,7 +460,6 @@ class ConversationMemory:
             return key
         conversations = Conversations(conn)
         writing = turn.mode == "full"
-        hashes = chain_hashes(messages)
         conv = None
         if prior is not None and prior.conversation_id:
             # The original's conversation, unless it was deleted since (whatever has its id
