@@ -14,7 +14,6 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
-    delete,
     func,
     insert,
     or_,
@@ -26,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from storage.errors import ConflictError
 from storage.models import EXCHANGES
 from storage.records import ExchangeRecord, NewExchange, UsageTotals
-from storage.repositories.rows import columns, utc_row
+from storage.repositories.rows import columns, delete_chosen, utc_row
 
 E = EXCHANGES
 # What `add_cost` did with a part.
@@ -198,13 +197,7 @@ class Exchanges:
             .order_by(E.c.started_at)
             .limit(limit)
         )
-        ids = list(self.conn.execute(oldest).scalars())
-        if not ids:
-            return 0
-        result = self.conn.execute(
-            delete(E).where(E.c.tenant_id == tenant_id, E.c.request_id.in_(ids))
-        )
-        return int(result.rowcount)
+        return delete_chosen(self.conn, E, tenant_id, oldest)
 
     def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
         row = self.conn.execute(_BY_KEY, {"w_tenant": tenant_id, "w_key": key}).first()

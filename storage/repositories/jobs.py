@@ -12,7 +12,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from storage.models import JOBS
 from storage.records import JobRecord
-from storage.repositories.rows import columns, utc_row
+from storage.repositories.rows import columns, delete_chosen, utc_row
 
 J = JOBS
 _COLUMNS = columns(J, JobRecord)
@@ -123,11 +123,7 @@ class Jobs:
             .order_by(J.c.updated_at)
             .limit(limit)
         )
-        pks = list(self.conn.execute(oldest).scalars())
-        if not pks:
-            return 0
-        result = self.conn.execute(delete(J).where(J.c.tenant_id == tenant_id, J.c.pk.in_(pks)))
-        return int(result.rowcount)
+        return delete_chosen(self.conn, J, tenant_id, oldest)
 
     def delete_user(self, tenant_id: str, user_id: str) -> int:
         result = self.conn.execute(

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from storage.errors import ConflictError
 from storage.models import MEMORIES
 from storage.records import MemoryRecord
-from storage.repositories.rows import columns, utc_row
+from storage.repositories.rows import columns, delete_chosen, utc_row
 
 R = MEMORIES
 _COLUMNS = columns(R, MemoryRecord)
@@ -198,11 +198,7 @@ class Memories:
             )
             .limit(limit)
         )
-        pks = list(self.conn.execute(stale).scalars())
-        if not pks:
-            return 0
-        result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.pk.in_(pks)))
-        return int(result.rowcount)
+        return delete_chosen(self.conn, R, tenant_id, stale)
 
     def pinned(self, tenant_id: str, user_id: str, *, limit: int) -> list[MemoryRecord]:
         """The user's oldest `limit` pinned memories, oldest first (the order they are shown

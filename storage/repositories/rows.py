@@ -1,4 +1,5 @@
-"""Mapping between table rows and the plain records of storage/records.py."""
+"""Mapping between table rows and the plain records of storage/records.py, and the batched
+delete the retention sweeps share."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table
+from sqlalchemy import ColumnElement, Connection, Select, Table, delete
 
 # Python-side names that differ from the column's (`metadata` is reserved on ORM classes).
 _RENAMED = {"meta": "metadata"}
@@ -29,3 +30,14 @@ def utc_row(row: Any) -> dict[str, Any]:
         if isinstance(value, datetime):
             out[key] = utc(value)
     return out
+
+
+def delete_chosen(conn: Connection, table: Table, tenant_id: str, chosen: Select[Any]) -> int:
+    """Delete the tenant's rows whose key (the one column `chosen` selects, with its own
+    conditions and limit: a batch, as PostgreSQL has no DELETE ... LIMIT); how many."""
+    keys = list(conn.execute(chosen).scalars())
+    if not keys:
+        return 0
+    key = table.c[chosen.selected_columns[0].name]
+    result = conn.execute(delete(table).where(table.c.tenant_id == tenant_id, key.in_(keys)))
+    return int(result.rowcount)
