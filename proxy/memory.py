@@ -92,6 +92,9 @@ class Turn:
     # Messages of this conversation from this seq on are newer than what this turn may see (a
     # replay sees the conversation as its original did): recall leaves them out.
     visible_before: int | None = None
+    # The seq of the message the reply answers (its `reply_to`): the turn's last message.
+    # Unset, the last one stored when the turn began; a replay's is its original's.
+    reply_to: int | None = None
 
     @property
     def conversation_id(self) -> str | None:
@@ -149,10 +152,28 @@ class TokenCounter:
         return known if known is not None else count_message(message, self.model)
 
 
-def _answered_meanwhile(conversations: Conversations, as_begun: ConversationRecord) -> bool:
-    """Whether the first message stored after this turn began is a reply to it."""
-    first = conversations.message_at(as_begun.tenant_id, as_begun.pk, as_begun.next_seq)
-    return first is not None and first.role == "assistant"
+# How many messages stored after a turn began `finish_in` reads to find another answer to it.
+ANSWER_SCAN = 100
+
+
+def _answered_meanwhile(
+    conversations: Conversations, as_begun: ConversationRecord, reply_to: int
+) -> bool:
+    """Whether another attempt at this turn (the message at seq `reply_to`) stored a complete
+    reply to it after it began. A reply to an overlapping turn stored meanwhile is not one;
+    nor is a partial reply. (Replies stored before they named the message they answer: the
+    first message after the turn, if it is one.)"""
+    after = conversations.messages(
+        as_begun.tenant_id, as_begun.pk, after_seq=as_begun.next_seq - 1, limit=ANSWER_SCAN
+    )
+    for m in after:
+        if m.role != "assistant":
+            continue
+        if "reply_to" not in m.meta:
+            return m.seq == as_begun.next_seq
+        if m.meta["reply_to"] == reply_to and m.status == "complete":
+            return True
+    return False
 
 
 def _new_messages(
@@ -527,6 +548,9 @@ class ConversationMemory:
             kept = tail[: len(tail) - split.overlap]
             turn.history = [_stored(m) for m in kept if m.role not in ("system", "developer")]
         new = [] if retry is not None else split.new
+        if retry is not None and turn.visible_before is not None and split.new:
+            # The original stored the turn's messages: they end where its answer belongs.
+            turn.reply_to = turn.visible_before + len(split.new) - 1
         intent = classify([t.message for t in turn.history])
         turn.store_reply = writing and (retry is None or retry.status != "complete")
         if turn.visible_before is None:
@@ -579,6 +603,7 @@ def finish_in(
     if turn.store_reply and conv is not None and reply is not None:
         conversations = Conversations(conn)
         tokens = count(reply)
+        reply_to = turn.reply_to if turn.reply_to is not None else conv.next_seq - 1
 
         def store(at: ConversationRecord, as_status: str) -> None:
             in_chain = as_status == "complete"
@@ -591,6 +616,7 @@ def finish_in(
                 status=as_status,
                 exchange_id=turn.request_id,
                 created_at=replied_at,
+                meta={"reply_to": reply_to},
             )
             conversations.append(at, turn.user_id, [message], now=now())
             nonlocal stored
@@ -605,9 +631,10 @@ def finish_in(
             )
             if fresh is None:  # deleted meanwhile: the reply goes nowhere, nor any job
                 conv = None
-            elif _answered_meanwhile(conversations, conv):
+            elif _answered_meanwhile(conversations, conv, reply_to):
                 # Another attempt at the same turn (a retry that overtook this one)
                 # answered it first: keep this reply for the record, outside the chain.
+                # (A turn stored meanwhile is answered after it: the reply follows it.)
                 store(fresh, "superseded" if status == "complete" else status)
             else:
                 store(fresh, status)

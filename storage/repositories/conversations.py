@@ -43,11 +43,6 @@ _BY_CHAIN = (
     .order_by(C.c.chain_count.desc(), C.c.updated_at.desc(), C.c.pk.desc())
     .limit(1)
 )
-_MESSAGE_AT = select(*_MESSAGE_COLUMNS).where(
-    M.c.tenant_id == bindparam("w_tenant"),
-    M.c.conversation_pk == bindparam("w_pk"),
-    M.c.seq == bindparam("w_seq"),
-)
 _INSERT_CONVERSATION = insert(C).returning(C.c.pk)
 _INSERT_MESSAGES = insert(M)
 # SET comes from the parameters' column keys; the WHERE binds are named apart from them.
@@ -190,11 +185,6 @@ class Conversations:
             if best is None or rank > (best.chain_count, best.updated_at, best.pk):
                 best = found
         return best
-
-    def message_at(self, tenant_id: str, conversation_pk: int, seq: int) -> MessageRecord | None:
-        params = {"w_tenant": tenant_id, "w_pk": conversation_pk, "w_seq": seq}
-        row = self.conn.execute(_MESSAGE_AT, params).first()
-        return _message(row) if row else None
 
     def create(
         self,

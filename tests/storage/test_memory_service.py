@@ -395,6 +395,34 @@ async def test_reply_lands_after_turns_stored_while_it_was_generated(
     assert (conv.chain_count, conv.next_seq) == (6, 7)
 
 
+async def test_each_of_two_overlapping_turns_keeps_its_reply_in_the_chain(
+    db: Database, memory: ConversationMemory
+) -> None:
+    await exchange_turn(memory, [user("one")], "ONE", conversation_id="c1")
+    # The first of two overlapping turns is answered first: its reply lands after the second
+    # turn, and is no answer to it, so the second turn's reply continues the chain too.
+    first = await begin(memory, [user("two")], conversation_id="c1")
+    second = await begin(memory, [user("three")], conversation_id="c1")
+    await answer(memory, first, "TWO")
+    await answer(memory, second, "THREE")
+    assert await stored(db, "c1") == [
+        ("user", "one"),
+        ("assistant", "ONE"),
+        ("user", "two"),
+        ("user", "three"),
+        ("assistant", "TWO"),
+        ("assistant", "THREE"),
+    ]
+    conv = await conversation(db, "c1")
+    assert (conv.chain_count, conv.next_seq) == (6, 7)
+    # Each reply says which message it answers.
+    replies = await db.read(lambda c: Conversations(c).messages("t1", conv.pk, after_seq=4))
+    assert [(m.content, m.meta.get("reply_to")) for m in replies] == [("TWO", 3), ("THREE", 4)]
+    # The next thin turn gets both replies as history.
+    follow = await begin(memory, [user("four")], conversation_id="c1")
+    assert [t.message["content"] for t in follow.history][-2:] == ["TWO", "THREE"]
+
+
 async def test_off_mode_records_are_written_in_one_batch_and_flushed_on_close(
     db: Database, memory: ConversationMemory, tmp_path: Path
 ) -> None:
@@ -429,6 +457,40 @@ async def test_a_retry_that_overtakes_its_original_leaves_one_reply_in_the_chain
     # The client saw the retry's answer and continues from it: the same conversation.
     follow = await begin(memory, [user("q1"), assistant("A-retry"), user("q2")])
     assert follow.conversation_id == original.conversation_id
+
+
+async def test_a_partial_reply_of_one_attempt_does_not_supersede_the_others_answer(
+    db: Database, memory: ConversationMemory
+) -> None:
+    original = await begin(memory, [user("q1")])
+    retry = await begin(memory, [user("q1")])
+    # The retry's stream is cut first; the original then answers in full.
+    cut = Outcome("incomplete", http_status=200, reply=assistant("A-par"))
+    await memory.finish(retry, cut)
+    await answer(memory, original, "A-original")
+    assert await stored(db, original.conversation_id) == [
+        ("user", "q1"),
+        ("assistant", "A-par", "incomplete"),
+        ("assistant", "A-original"),
+    ]
+
+
+async def test_a_keyed_retry_answers_its_original_turn_past_a_turn_stored_meanwhile(
+    db: Database, memory: ConversationMemory
+) -> None:
+    original = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
+    other = await begin(memory, [user("q2")], conversation_id="c1")
+    retry = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
+    await answer(memory, other, "A2")
+    await answer(memory, retry, "A1-retry")
+    await answer(memory, original, "A1-original")
+    assert await stored(db, "c1") == [
+        ("user", "q1"),
+        ("user", "q2"),
+        ("assistant", "A2"),
+        ("assistant", "A1-retry"),
+        ("assistant", "A1-original", "superseded"),
+    ]
 
 
 async def test_next_turn_waits_for_a_reply_still_being_written(
