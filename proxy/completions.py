@@ -341,16 +341,12 @@ class ChatExchange:
                 attached=self.attached,
             )
             await self.settle(outcome)
+            if isinstance(exc, ProxyError):  # (the turn is stored: say where, as a reply does)
+                exc.headers = {**self._memory_headers(), **exc.headers}
             raise
         self.info.upstream_ms = (time.perf_counter() - forwarded) * 1000
 
-        headers = memory_headers(
-            self.turn,
-            self.assembly,
-            self.degraded,
-            self.recalled_messages,
-            self.attachments_count,
-        )
+        headers = self._memory_headers()
         if reply.chunks is not None:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
@@ -377,6 +373,15 @@ class ChatExchange:
         if intent is not None:
             response.headers["x-memory-intent"] = intent.header()
         return response
+
+    def _memory_headers(self) -> dict[str, str]:
+        return memory_headers(
+            self.turn,
+            self.assembly,
+            self.degraded,
+            self.recalled_messages,
+            self.attachments_count,
+        )
 
     async def _remember(self) -> None:
         """Store the turn (per the memory mode) and attach the history the client did not send."""

@@ -508,6 +508,11 @@ async def test_unreachable_upstream_is_a_502(serve_proxy: ServeProxy) -> None:
     assert caught.value.status_code == 502
     assert caught.value.code == "upstream_unreachable"
     assert caught.value.type == "upstream_error"
+    # The turn was stored before the upstream was asked: the headers say where, as a reply's do.
+    headers = caught.value.response.headers
+    assert headers["x-memory-status"] == "ok"
+    assert headers["x-memory-conversation-id"].startswith("conv_")
+    assert headers["x-memory-context-tokens"] == "0"
 
 
 async def test_upstream_timeout_is_a_504(
@@ -522,6 +527,8 @@ async def test_upstream_timeout_is_a_504(
             await client.chat.completions.create(model="gpt-4o-mini", messages=USER_HELLO)
     assert caught.value.status_code == 504
     assert caught.value.code == "upstream_timeout"
+    assert caught.value.response.headers["x-memory-status"] == "ok"
+    assert "x-memory-conversation-id" in caught.value.response.headers
 
 
 async def test_unknown_route_is_a_404(proxy_url: str) -> None:
