@@ -1,4 +1,7 @@
 # Same steps as the README's `make serve`: a venv with the package installed, then `memproxy serve`.
+# The shipped config.yaml (echo upstream, `demo-key`) is for trying it out: mount your own at
+# /app/config.yaml, or point MEMPROXY_CONFIG elsewhere. Relative paths in it (the SQLite file,
+# the spill) land in /data, the working directory: keep it on a volume.
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -6,7 +9,13 @@ COPY proxy ./proxy
 COPY storage ./storage
 COPY policies ./policies
 COPY config.yaml ./
-RUN python -m venv /app/.venv && /app/.venv/bin/python -m pip install --quiet -e .
+RUN python -m venv /app/.venv && /app/.venv/bin/python -m pip install --quiet -e . \
+    && useradd --system --uid 10001 --home-dir /data --create-home memproxy
 ENV MEMPROXY_CONFIG=/app/config.yaml
+USER memproxy
+WORKDIR /data
+VOLUME /data
 EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
+    CMD ["/app/.venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/readyz', timeout=2)"]
 CMD ["/app/.venv/bin/memproxy", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -69,9 +69,30 @@ def _register_jobs(jobs: JobRunner, parts: Configured) -> None:
     jobs.register(SUMMARIZE, parts.summarizer)
 
 
-def create_app(config: Config, *, config_path: str | Path | None = None) -> Litestar:
+def migrate_database(config: Config) -> None:
+    """Bring the database up to the latest schema, waiting up to
+    `database.connect_wait_seconds` for one that cannot be reached yet (each try logged).
+    Blocking; raises `StorageError` with the reason."""
+    database = config.database
+
+    def waiting(attempt: int, pause: float, reason: str) -> None:
+        log.warning(
+            "database_unreachable",
+            url=migrate.shown_url(database.url),
+            attempt=attempt,
+            retry_in_s=round(pause, 1),
+            error=reason,
+        )
+
+    migrate.upgrade(database.url, wait_seconds=database.connect_wait_seconds, on_wait=waiting)
+
+
+def create_app(
+    config: Config, *, config_path: str | Path | None = None, migrated: bool = False
+) -> Litestar:
     """A ready-to-serve app for `config`; its resources live from startup to shutdown. With
-    `config_path`, SIGHUP reloads that file's tenants, keys, upstreams and pricing."""
+    `config_path`, SIGHUP reloads that file's tenants, keys, upstreams and pricing. Start-up
+    migrates the database unless the caller did (`migrated`)."""
     prepare_offline_environment()
     check_embeddings(config)  # a missing optional package fails now, naming the key
 
@@ -82,8 +103,12 @@ def create_app(config: Config, *, config_path: str | Path | None = None) -> Lite
         # Load the tokenizers and the model map now, not on the first request.
         await asyncio.to_thread(warm_up_tokenizers)
         catalog = await asyncio.to_thread(ModelCatalog.load)
-        await asyncio.to_thread(migrate.upgrade, config.database.url)
-        db = Database(config.database.url)
+        if not migrated:
+            await asyncio.to_thread(migrate_database, config)
+        database = config.database
+        db = Database(
+            database.url, pool_size=database.pool_size, max_overflow=database.max_overflow
+        )
         limits = LimitKeeper(db, config, interval=config.server.limits_sync_seconds)
         maintenance = Maintenance(db, config)
         server = config.server

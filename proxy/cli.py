@@ -28,6 +28,17 @@ def _load(path: str) -> Config:
         raise SystemExit(2) from None
 
 
+def _migrate(config: Config) -> None:
+    from proxy.app import migrate_database
+    from storage.errors import StorageError
+
+    try:
+        migrate_database(config)
+    except StorageError as exc:
+        print(f"memproxy: database: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="memproxy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -59,21 +70,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "check-config":
         print(f"ok: {len(config.tenants)} tenants, upstreams: {', '.join(config.upstreams)}")
         return
-    if args.command == "migrate":
-        from storage.migrate import upgrade
+    from proxy.app import create_app
+    from proxy.logs import configure_logging
 
-        upgrade(config.database.url)
+    if args.command == "migrate":
+        configure_logging("warning", "console")  # (waits for the database, on stderr)
+        _migrate(config)
         print("ok: database is at the latest schema")
         return
 
     import uvicorn
 
-    from proxy.app import create_app
-    from proxy.logs import configure_logging
-
     configure_logging(args.log_level, args.log_format)
+    _migrate(config)  # before the server: a database that is not there is one line, not a trace
     uvicorn.run(
-        create_app(config, config_path=path),  # SIGHUP reloads it
+        create_app(config, config_path=path, migrated=True),  # SIGHUP reloads it
         host=args.host,
         port=args.port,
         access_log=False,  # memproxy writes its own structured access line

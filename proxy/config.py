@@ -106,8 +106,38 @@ class ServerConfig(_Strict):
     log_content: bool = False
 
 
+# The drivers memproxy runs on, and the schemes taken to mean them (as hosting platforms
+# hand out `postgres://...`).
+_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgres": "postgresql+asyncpg",
+    "postgresql": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+}
+
+
 class DatabaseConfig(_Strict):
     url: str = "sqlite+aiosqlite:///./memproxy.db"
+    # PostgreSQL connections each replica keeps (and may open beyond them under load).
+    pool_size: int = Field(10, ge=1)
+    max_overflow: int = Field(20, ge=0)
+    # At start-up (`serve`, `migrate`), how long to keep trying a database that cannot be
+    # reached yet (one starting beside the proxy); then exit with the reason.
+    connect_wait_seconds: float = Field(30.0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _known_driver(cls, value: str) -> str:
+        scheme, sep, rest = value.partition("://")
+        driver = _DRIVERS.get(scheme.lower()) if sep else None
+        if driver is None:
+            shown = scheme if sep else "no scheme"
+            raise ValueError(
+                "use sqlite+aiosqlite:///path/to/file.db or "
+                f"postgresql+asyncpg://user:password@host/database ({shown} given)"
+            )
+        return f"{driver}://{rest}"
 
 
 class TimeoutConfig(_Strict):
@@ -497,7 +527,7 @@ def _first_error(exc: ValidationError) -> str:
     err = max(exc.errors(), key=lambda e: len(e["loc"]))
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig")))
     value = err.get("input")
-    secret = "api_key" in loc
+    secret = "api_key" in loc or loc == "database.url"  # (a URL may hold a password)
     shown = "" if secret or isinstance(value, dict | list) else f" (got {value!r})"
     more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
     return f"{loc}: {err['msg']}{shown}{more}"

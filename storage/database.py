@@ -54,7 +54,9 @@ WAL_ATTEMPTS = 20
 class Database:
     """The engine and the two ways to use it: `read(work)` and `write(work)`."""
 
-    def __init__(self, url: str, *, echo: bool = False, pool_size: int = 10) -> None:
+    def __init__(
+        self, url: str, *, echo: bool = False, pool_size: int = 10, max_overflow: int = 20
+    ) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
@@ -72,7 +74,7 @@ class Database:
             self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="sqlite-reader")
         else:
             self._async = create_async_engine(
-                url, echo=echo, pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=True
+                url, echo=echo, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True
             )
 
     async def write(self, work: Work[T]) -> T:

@@ -1,13 +1,28 @@
-"""Applying migrations: at start-up (`create_app`) and by `memproxy migrate`."""
+"""Applying migrations: at start-up (`create_app`, `memproxy serve`) and by `memproxy migrate`."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
+from alembic.util.exc import CommandError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from storage.errors import StorageError, StorageUnavailable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# Pauses between tries of a database that cannot be reached yet: doubling, at most this.
+FIRST_PAUSE = 0.5
+MAX_PAUSE = 5.0
+# SQLSTATEs of a server that is there but not taking connections yet: the connection
+# exception class (08...) and "the database system is starting up" (57P03).
+_NOT_YET = ("08", "57P03")
+
+Waiting = Callable[[int, float, str], None]
 
 
 def alembic_config(url: str) -> AlembicConfig:
@@ -18,10 +33,74 @@ def alembic_config(url: str) -> AlembicConfig:
     return config
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at `url` up to `revision`. Blocking: call it in a thread."""
-    command.upgrade(alembic_config(url), revision)
+def upgrade(
+    url: str, revision: str = "head", *, wait_seconds: float = 0.0, on_wait: Waiting | None = None
+) -> None:
+    """Bring the database at `url` up to `revision`. Blocking: call it in a thread.
+
+    A database that cannot be reached yet (no answer on its port, its host not resolvable
+    yet, a server still starting) is tried again, pausing longer each time, for
+    `wait_seconds`; `on_wait(attempt, pause, reason)` is told before each pause. Then, and
+    at once for any other refusal (a wrong password, no such database, a schema newer than
+    this code), a `StorageError` says why in one line, with the URL's password hidden."""
+    deadline = time.monotonic() + wait_seconds
+    pause = FIRST_PAUSE
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            command.upgrade(alembic_config(url), revision)
+            return
+        except (DBAPIError, OSError) as exc:
+            reason = _reason(exc)
+            left = deadline - time.monotonic()
+            if not _unreachable(exc) or left <= 0:
+                tried = f" (tried {attempt} times)" if attempt > 1 else ""
+                raise StorageUnavailable(f"{shown_url(url)}: {reason}{tried}") from exc
+            pause = min(pause, left)
+            if on_wait is not None:
+                on_wait(attempt, pause, reason)
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE)
+        except CommandError as exc:  # e.g. a revision this code does not know
+            raise StorageError(f"{shown_url(url)}: {exc}") from exc
 
 
 def current(url: str) -> None:
     command.current(alembic_config(url))
+
+
+def shown_url(url: str) -> str:
+    """`url` with its password masked, fit for logs and error messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.partition("://")[0] + "://..."
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and what caused it, outermost first."""
+    found = [exc]
+    while (cause := found[-1].__cause__ or found[-1].__context__) is not None:
+        if cause in found:
+            break
+        found.append(cause)
+    return found
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own words: the innermost error's first line."""
+    innermost = _chain(exc)[-1]
+    text = str(innermost).strip().splitlines()
+    return text[0] if text else type(innermost).__name__
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether `exc` means the database is not there (yet), rather than that it refused."""
+    for link in _chain(exc):
+        if isinstance(link, OSError):  # refused, reset, timed out, name not resolved
+            return True
+        sqlstate = getattr(link, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith(_NOT_YET):
+            return True
+    return False

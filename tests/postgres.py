@@ -226,6 +226,16 @@ def postgres_server() -> Iterator[PostgresServer]:
         server.stop()
 
 
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to stop and start again."""
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def start_server() -> PostgresServer:
     # Skip or fail outside the `except` blocks, so the report is the reason alone.
     try:

@@ -45,7 +45,7 @@ from proxy.config import (
 from proxy.memory import ConversationMemory
 from proxy.spill import Spilled, SpillFile
 from tests.fakes.openai_upstream import FakeOpenAI, model_said
-from tests.postgres import PostgresServer, start_server
+from tests.postgres import PostgresServer
 
 ServeProxy = Callable[[Config], str]
 OPEN, CLOSED, FRUGAL = "open-key", "closed-key", "frugal-key"
@@ -173,16 +173,6 @@ def metric(base_url: str, name: str, label: str) -> float:
         for line in text.splitlines()
         if line.startswith((name + "{", name + " ")) and label in line
     )
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of this test's own, to stop and start again."""
-    server = start_server()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_back(

@@ -168,6 +168,39 @@ def test_secret_values_never_appear_in_errors(tmp_path: Path) -> None:
     assert "hunter2" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("postgres://u:pw@db/memproxy", "postgresql+asyncpg://u:pw@db/memproxy"),
+        ("postgresql://u@db:5433/m", "postgresql+asyncpg://u@db:5433/m"),
+        ("postgresql+asyncpg://u@db/m", "postgresql+asyncpg://u@db/m"),
+        ("sqlite:///data/m.db", "sqlite+aiosqlite:///data/m.db"),
+        ("SQLite+aiosqlite:///m.db", "sqlite+aiosqlite:///m.db"),
+    ],
+)
+def test_database_urls_name_the_async_driver(tmp_path: Path, given: str, url: str) -> None:
+    path = write(tmp_path, f"database: {{url: '{given}'}}\ntenants:\n  a: {{api_keys: [k]}}\n")
+    assert load_config(path, environ={}).database.url == url
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ("mysql://u:hunter2@db/m", "mysql given"),
+        ("postgresql+psycopg2://u:hunter2@db/m", "postgresql+psycopg2 given"),
+        ("hunter2.db", "no scheme given"),
+    ],
+)
+def test_another_database_driver_is_refused_without_showing_the_url(
+    tmp_path: Path, given: str, named: str
+) -> None:
+    path = write(tmp_path, f"database: {{url: '{given}'}}\ntenants:\n  a: {{api_keys: [k]}}\n")
+    with pytest.raises(ConfigError, match=r"^database.url: .*postgresql\+asyncpg://") as info:
+        load_config(path, environ={})
+    assert named in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.yaml", environ={})

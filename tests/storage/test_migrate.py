@@ -1,0 +1,47 @@
+"""Migrating at start-up: a database that is not there yet is waited for, anything else fails
+at once, and either way one line says why, without the URL's password."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import migrate
+from storage.errors import StorageUnavailable
+from tests.postgres import PostgresServer, free_port
+
+
+def test_a_database_that_cannot_be_reached_is_tried_until_the_wait_ends() -> None:
+    url = f"postgresql+asyncpg://memproxy:hunter2@127.0.0.1:{free_port()}/m"
+    waits: list[tuple[int, float, str]] = []
+    with pytest.raises(StorageUnavailable) as info:
+        migrate.upgrade(url, wait_seconds=1.0, on_wait=lambda *wait: waits.append(wait))
+    assert [attempt for attempt, _, _ in waits] == list(range(1, len(waits) + 1))
+    assert waits[0][1] == migrate.FIRST_PAUSE
+    assert all("Connect call failed" in reason for _, _, reason in waits)
+    message = str(info.value)
+    assert message.startswith(f"postgresql+asyncpg://memproxy:***@127.0.0.1:{url.split(':')[3]}")
+    assert f"(tried {len(waits) + 1} times)" in message
+    assert "hunter2" not in message and "\n" not in message
+
+
+def test_without_a_wait_the_first_failure_is_final() -> None:
+    url = f"postgresql+asyncpg://memproxy@127.0.0.1:{free_port()}/m"
+    waits: list[tuple[int, float, str]] = []
+    with pytest.raises(StorageUnavailable, match="Connect call failed"):
+        migrate.upgrade(url, on_wait=lambda *wait: waits.append(wait))
+    assert waits == []
+
+
+def test_a_database_that_refuses_is_not_waited_for(postgres_server: PostgresServer) -> None:
+    url = postgres_server.url("no_such_database")
+    waits: list[tuple[int, float, str]] = []
+    with pytest.raises(StorageUnavailable, match='database "no_such_database" does not exist'):
+        migrate.upgrade(url, wait_seconds=60, on_wait=lambda *wait: waits.append(wait))
+    assert waits == []
+
+
+def test_a_sqlite_file_that_cannot_be_opened_is_one_line() -> None:
+    url = "sqlite+aiosqlite:///no/such/directory/m.db"
+    with pytest.raises(StorageUnavailable) as info:
+        migrate.upgrade(url, wait_seconds=60)
+    assert str(info.value) == f"{url}: unable to open database file"
