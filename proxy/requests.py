@@ -126,6 +126,9 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
                 f"{where}.content is {_kind(content)}, expected a string or an array.",
                 param=f"{where}.content",
             )
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                _check_part(part, f"{where}.content[{j}]")
         for name in ("name", "tool_call_id"):
             if not _short_text(message.get(name), optional=True):
                 raise BadRequest(
@@ -142,6 +145,35 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
                 _check_tool_call(call, f"{where}.tool_calls[{j}]")
         if imported and "created_at" in message:
             parse_timestamp(message["created_at"], f"{where}.created_at")
+
+
+# Content parts whose fields the proxy reads (stores, searches, counts): the field each must
+# have, and its type. Other types pass on as they are, for the upstream to judge.
+_PART_FIELDS: dict[str, tuple[str, type]] = {
+    "text": ("text", str),
+    "refusal": ("refusal", str),
+    "image_url": ("image_url", dict),
+}
+
+
+def _check_part(part: Any, where: str) -> None:
+    """One content part: an object with a `type`, and the field that type names."""
+    if not isinstance(part, dict):
+        raise BadRequest(f"{where} is {_kind(part)}, expected an object.", param=where)
+    kind = part.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise BadRequest(f"{where}.type must be a string (e.g. 'text').", param=f"{where}.type")
+    field, expected = _PART_FIELDS.get(kind, (None, object))
+    if field is None:
+        return
+    value = part.get(field)
+    if not isinstance(value, expected):
+        wanted = "a string" if expected is str else "an object"
+        raise BadRequest(
+            f"{where}.{field} is {_kind(value)}, expected {wanted}.", param=f"{where}.{field}"
+        )
+    if isinstance(value, dict) and not isinstance(value.get("url"), str):  # (image_url)
+        raise BadRequest(f"{where}.image_url.url must be a string.", param=f"{where}.image_url.url")
 
 
 def parse_timestamp(value: Any, param: str) -> datetime:

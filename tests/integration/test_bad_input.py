@@ -50,6 +50,7 @@ WRONG_FIELDS: dict[tuple[str, str], list[Any]] = {
         {"model": "m", "messages": []},
         {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
         {"model": "m", "messages": [{"role": "user", "content": {"a": 1}}]},
+        {"model": "m", "messages": [{"role": "user", "content": [{"text": 5}]}]},
         {"model": "m", "messages": [{"role": "assistant", "tool_calls": "x"}]},
         {"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": 1}]}]},
         {"model": "m", "messages": [{"role": "user", "content": "x", "name": HUGE}]},
@@ -74,6 +75,7 @@ WRONG_FIELDS: dict[tuple[str, str], list[Any]] = {
         {},
         {"messages": []},
         {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": ["x"]}]}]},
         {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}, 7]},
     ],
     ("PATCH", "/v1/memory/conversations/c1"): [

@@ -71,6 +71,39 @@ def test_bodies_that_are_not_json_objects_are_400(raw: bytes) -> None:
             "messages[0].tool_calls[0].function.arguments",
         ),
         ({"stream_options": []}, "stream_options"),
+        ({"messages": [{"role": "user", "content": ["hi"]}]}, "messages[0].content[0]"),
+        (
+            {"messages": [{"role": "user", "content": [{"text": "hi"}]}]},
+            "messages[0].content[0].type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": 1, "text": "hi"}]}]},
+            "messages[0].content[0].type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages[0].content[0].text",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages[0].content[0].text",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": [{"type": "refusal", "refusal": {}}]}]},
+            "messages[0].content[0].refusal",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+            "messages[0].content[0].image_url",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]}
+                ]
+            },
+            "messages[0].content[0].image_url.url",
+        ),
     ],
 )
 def test_wrong_fields_are_400_naming_the_param(patch: dict[str, Any], param: str) -> None:
@@ -91,6 +124,15 @@ def test_valid_requests_pass_including_parts_tools_and_unknown_fields() -> None:
             "messages": [
                 {"role": "developer", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+                        {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
+                        {"type": "some_future_part", "whatever": [1]},
+                    ],
+                },
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
                 {
                     "role": "assistant",
                     "content": None,
