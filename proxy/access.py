@@ -18,6 +18,9 @@ from litestar.types import Message, Scope
 
 log = structlog.get_logger("memproxy.access")
 _STATE_KEY = "memproxy"
+# Polled by orchestrators and scrapers every few seconds: their successful answers are logged
+# at debug, so they do not drown the requests (a failing probe stays at info).
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 @dataclass(slots=True)
@@ -76,7 +79,8 @@ def log_access(scope: Scope | dict[str, Any], info: RequestInfo) -> None:
     if info.logged:
         return
     info.logged = True
-    log.info(
+    quiet = info.status < 400 and scope.get("path") in PROBES
+    (log.debug if quiet else log.info)(
         "request",
         request_id=info.request_id,
         method=scope.get("method"),

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from importlib import metadata
 from pathlib import Path
 
 import structlog
@@ -67,6 +68,13 @@ def _register_jobs(jobs: JobRunner, parts: Configured) -> None:
     jobs.register(EXTRACTION, parts.extractor)
     jobs.register(EMBED, parts.embedder)
     jobs.register(SUMMARIZE, parts.summarizer)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("memproxy")
+    except metadata.PackageNotFoundError:  # (run from a checkout that is not installed)
+        return "unknown"
 
 
 def migrate_database(config: Config) -> None:
@@ -211,6 +219,15 @@ def create_app(
                 app.state.memproxy = state
                 await jobs.start()
                 await replayer.start()
+                log.info(
+                    "started",
+                    version=_version(),
+                    config=None if config_path is None else str(config_path),
+                    database=migrate.shown_url(config.database.url),
+                    tenants=len(config.tenants),
+                    upstreams=sorted(config.upstreams),
+                    spill=str(spill.path),
+                )
                 try:
                     yield
                 finally:

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         access_log=False,  # memproxy writes its own structured access line
+        log_config=None,  # uvicorn's records go through memproxy's handler (one format)
         log_level=args.log_level,
         timeout_graceful_shutdown=math.ceil(config.server.shutdown_grace_seconds),
     )

@@ -24,11 +24,12 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     numeric = logging.getLevelName(level.upper())
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -36,8 +37,31 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(
-        level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
+    # The standard library's records (uvicorn, Alembic, asyncio, their tracebacks) in the same
+    # format: one JSON object per line, with the logger's name.
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.add_log_level,
+            stamp,
+            _drop_color_message,
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
     )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
     # httpx logs every upstream request at INFO; the access line already has what matters.
     logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
+
+
+def _drop_color_message(_: Any, __: str, event: structlog.types.EventDict) -> Any:
+    """uvicorn repeats its message, with terminal colours, as `color_message`."""
+    event.pop("color_message", None)
+    return event

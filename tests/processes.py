@@ -34,7 +34,14 @@ class Replica:
         return self.log.read_text(errors="replace")[-3000:]
 
 
-def spawn(name: str, config: Path, workdir: Path, *, log_level: str = "warning") -> Replica:
+def spawn(
+    name: str,
+    config: Path,
+    workdir: Path,
+    *,
+    log_level: str = "warning",
+    log_format: str = "console",
+) -> Replica:
     """`memproxy serve` of this checkout in a process of its own."""
     port = free_port()
     log = workdir / f"{name}.log"
@@ -43,7 +50,7 @@ def spawn(name: str, config: Path, workdir: Path, *, log_level: str = "warning")
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     command = [sys.executable, "-m", "proxy.cli", "serve", f"--config={config}", f"--port={port}"]
-    command += [f"--log-level={log_level}", "--log-format=console"]
+    command += [f"--log-level={log_level}", f"--log-format={log_format}"]
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir, env=env

@@ -3,6 +3,7 @@ says so, and never an API key (the tenant's or the upstream's)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -89,3 +90,42 @@ def test_content_is_logged_only_when_asked_and_keys_never(
     assert ("fake reply to: " + SECRET in log) is log_content
     for key in (KEY, UPSTREAM_KEY, "sk-wrong-key-5555"):
         assert key not in log
+
+
+def test_json_logs_are_json_throughout_and_probes_stay_quiet(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    database = f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
+    config.write_text(
+        yaml.safe_dump({"database": {"url": database}, "tenants": {"t1": {"api_keys": [KEY]}}})
+    )
+    replica = spawn("json", config, tmp_path, log_level="info", log_format="json")
+    try:
+        wait_ready(replica)
+        base = replica.url.removesuffix("/v1")
+        for probe in ("/healthz", "/readyz"):
+            assert httpx.get(base + probe, timeout=30).status_code == 200
+        answer = httpx.post(
+            replica.url + "/chat/completions",
+            json={"model": "echo-1", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200
+    finally:
+        stop(replica)
+    lines = [json.loads(line) for line in replica.log.read_text().splitlines() if line.strip()]
+    events = [line["event"] for line in lines]
+    # uvicorn's and Alembic's records are JSON too, with their logger's name.
+    assert any(line.get("logger") == "alembic.runtime.migration" for line in lines)
+    assert any(line.get("logger") == "uvicorn.error" for line in lines)
+    # One line at start-up says what the server runs with, before uvicorn takes requests.
+    started = next(line for line in lines if line["event"] == "started")
+    assert (started["tenants"], started["upstreams"], started["database"]) == (
+        1,
+        ["echo"],
+        database,
+    )
+    assert events.index("started") < events.index("Application startup complete.")
+    # The probes' answers are not logged at info; the chat request is.
+    paths = [line["path"] for line in lines if line["event"] == "request"]
+    assert paths == ["/v1/chat/completions"]
