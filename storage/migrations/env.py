@@ -1,11 +1,11 @@
-"""Alembic environment: runs the migrations on our async engine (SQLite or PostgreSQL)."""
+"""Alembic environment: runs the migrations on SQLite (standard driver) or PostgreSQL (asyncpg)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from alembic import context
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -44,9 +44,19 @@ def _run(connection: Connection) -> None:
         context.run_migrations()
 
 
-async def _run_async() -> None:
-    url = context.config.get_main_option("sqlalchemy.url")
-    assert url, "sqlalchemy.url is not set"
+def _run_sqlite(url: str) -> None:
+    """SQLite with the standard driver, as `Database` runs it (aiosqlite's thread outlives a
+    failed connection and calls into the closed event loop)."""
+    engine = create_engine(url.replace("+aiosqlite", "", 1))
+    try:
+        with engine.connect() as conn:
+            _run(conn)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+async def _run_async(url: str) -> None:
     engine = create_async_engine(url)
     try:
         async with engine.connect() as conn:
@@ -63,4 +73,9 @@ if context.is_offline_mode():
     with context.begin_transaction():
         context.run_migrations()
 else:
-    asyncio.run(_run_async())
+    _url = context.config.get_main_option("sqlalchemy.url")
+    assert _url, "sqlalchemy.url is not set"
+    if _url.startswith("sqlite"):
+        _run_sqlite(_url)
+    else:
+        asyncio.run(_run_async(_url))

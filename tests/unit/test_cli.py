@@ -37,7 +37,10 @@ def test_config_path_comes_from_the_environment(
     assert capsys.readouterr().out.startswith("ok: 2 tenants")
 
 
-def test_migrate_creates_the_schema(tmp_path: Path) -> None:
+def test_migrate_creates_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command sets up logging for its process; this one keeps the suite's (structlog's
+    # cached loggers would otherwise escape `capture_logs` in later tests).
+    monkeypatch.setattr("proxy.logs.configure_logging", lambda *args: None)
     db = tmp_path / "m.db"
     path = tmp_path / "c.yaml"
     path.write_text(
