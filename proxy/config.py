@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -377,8 +377,11 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     env = dict(os.environ) if environ is None else environ
     raw = _read_yaml(path)
     tenants = dict(_mapping(raw.get("tenants") or {}, "tenants"))
-    for pattern in raw.get("include") or []:
-        for included in sorted(glob.glob(str(path.parent / pattern))):
+    for pattern in _include_patterns(raw.get("include")):
+        found = sorted(glob.glob(str(path.parent / pattern)))
+        if not found and not glob.has_magic(pattern):
+            raise ConfigError(f"include: no file {pattern!r} (next to {path})")
+        for included in found:
             for name, body in _mapping(_read_yaml(Path(included)), included).items():
                 if name in tenants:
                     raise ConfigError(f"tenants.{name}: defined twice (again in {included})")
@@ -396,6 +399,8 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown top-level key")
 
+    # Checked alone first, so that a mistake there is not reported under the first tenant.
+    _validated(TenantSettings, _expand(defaults, "defaults", env), "defaults")
     merged = {
         name: _deep_merge(defaults, _mapping(body or {}, f"tenants.{name}"))
         for name, body in tenants.items()
@@ -422,6 +427,13 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
         if name not in upstreams:
             where = next(n for n, t in merged.items() if str(t.get("upstream", "echo")) == name)
             raise ConfigError(f"tenants.{where}.upstream: no upstream named {name!r}")
+    for name, body in upstreams.items():
+        if name not in used:  # not built, but a mistake in it is one before a tenant uses it
+            try:
+                expanded = _expand(body, f"upstreams.{name}", env)
+            except ConfigError:
+                continue  # (its variables need not be set while no tenant uses it)
+            _validated(UpstreamConfig, expanded, f"upstreams.{name}")
     doc = {
         "server": _expand(raw.get("server") or {}, "server", env),
         "database": _expand(raw.get("database") or {}, "database", env),
@@ -432,12 +444,30 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
         "pricing": _expand(raw.get("pricing") or {}, "pricing", env),
         "tenants": {n: _expand(t, f"tenants.{n}", env) for n, t in merged.items()},
     }
-    try:
-        config = Config.model_validate(doc)
-    except ValidationError as exc:
-        raise ConfigError(_first_error(exc)) from None
+    config = _validated(Config, doc, "")
     _check_keys(config)
     return config
+
+
+def _include_patterns(value: Any) -> list[str]:
+    """`include:`: one file pattern (relative to the config file) or a list of them."""
+    if value is None:
+        return []
+    patterns = [value] if isinstance(value, str) else value
+    if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+        raise ConfigError("include: expected a file pattern or a list of them")
+    return patterns
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validated(model: type[_M], value: Any, where: str) -> _M:
+    """`value` as a `model`; a ConfigError naming the key (under `where`) if it is not one."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise ConfigError(_first_error(exc, where)) from None
 
 
 def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope]]]:
@@ -522,10 +552,12 @@ def _expand(value: Any, where: str, env: dict[str, str]) -> Any:
     return value
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: ValidationError, where: str = "") -> str:
     # In a union (a key is a string or an object) the deepest error is the one that helps.
     err = max(exc.errors(), key=lambda e: len(e["loc"]))
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig")))
+    parts = [where] if where else []
+    parts += [str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig"))]
+    loc = ".".join(parts)
     value = err.get("input")
     secret = "api_key" in loc or loc == "database.url"  # (a URL may hold a password)
     shown = "" if secret or isinstance(value, dict | list) else f" (got {value!r})"

@@ -140,6 +140,17 @@ def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
             r"^upstreams\.u\.kind: ",
         ),
         ("server: {max_body_bytes: -1}\n", r"^server\.max_body_bytes: "),
+        # A mistake under defaults is reported there, not under the first tenant.
+        (
+            "defaults: {context: {token_budjet: 9}}\ntenants:\n  a: {api_keys: [k]}\n",
+            r"^defaults\.context\.token_budjet: Extra inputs",
+        ),
+        ("defaults: {api_keys: [k]}\ntenants:\n  a: {}\n", r"^defaults\.api_keys: Extra inputs"),
+        # An upstream no tenant uses yet is checked too (unless it names unset variables).
+        ("upstreams:\n  spare: {kind: opnai}\n", r"^upstreams\.spare\.kind: "),
+        ("include: 5\n", r"^include: expected a file pattern"),
+        ("include: [tenants/*.yaml, 7]\n", r"^include: expected a file pattern"),
+        ("include: acme.yaml\n", r"^include: no file 'acme.yaml'"),
         (
             "server: {storage_breaker_threshold: -1}\n",
             r"^server\.storage_breaker_threshold: ",
@@ -204,3 +215,17 @@ def test_another_database_driver_is_refused_without_showing_the_url(
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.yaml", environ={})
+
+
+def test_include_takes_one_pattern_as_a_string_and_globs_may_match_nothing(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "acme: {api_keys: [ka]}\n", "acme.yaml")
+    config = load_config(write(tmp_path, "include: acme.yaml\n"), environ={})
+    assert list(config.tenants) == ["acme"]
+    assert load_config(write(tmp_path, "include: [none.d/*.yaml]\n"), environ={}).tenants == {}
+
+
+def test_an_unused_upstream_may_name_unset_variables(tmp_path: Path) -> None:
+    path = write(tmp_path, "upstreams:\n  spare: {kind: openai, api_key: '${SPARE_KEY}'}\n")
+    assert "spare" not in load_config(path, environ={}).upstreams
