@@ -100,9 +100,12 @@ async def list_memories(
         raise BadRequest("'pinned' must be true or false.", param="pinned")
     pinned = None if pinned_param is None else pinned_param == "true"
     query = params.get("q")
+    if query is not None and not query.strip():
+        raise BadRequest("'q' is empty: leave it out to list every memory.", param="q")
     terms = query_terms(query) if query else []
     if query is not None and not terms:
-        raise BadRequest("'q' must contain at least one word to search for.", param="q")
+        # Only words too common to search by ("what", "the"): nothing matches them.
+        return json_response(page([], limit))
     after_id = params.get("after")
 
     def work(conn: Connection) -> list[MemoryRecord]:

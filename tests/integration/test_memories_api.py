@@ -95,6 +95,12 @@ async def test_list_filters_by_user_pin_and_search_and_pages(api: httpx.AsyncCli
     assert [m["text"] for m in found.json()["data"]] == ["Lives in Lisbon"]
     odd = await api.get("/memory/memories", params={"user": "alice", "q": "100%_beagle"})
     assert odd.status_code == 200  # LIKE wildcards in a query are plain characters
+    # A query of common words only finds nothing (a search box typed "what"); an empty one
+    # is a mistake.
+    common = await api.get("/memory/memories", params={"user": "alice", "q": "what is the"})
+    assert common.status_code == 200 and common.json()["data"] == []
+    empty = await api.get("/memory/memories", params={"user": "alice", "q": " "})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "q"
 
 
 async def test_other_tenants_and_chat_keys_see_nothing(api: httpx.AsyncClient, base: str) -> None:
