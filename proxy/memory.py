@@ -92,8 +92,9 @@ class Turn:
     # Messages of this conversation from this seq on are newer than what this turn may see (a
     # replay sees the conversation as its original did): recall leaves them out.
     visible_before: int | None = None
-    # The seq of the message the reply answers (its `reply_to`): the turn's last message.
-    # Unset, the last one stored when the turn began; a replay's is its original's.
+    # The seq of the message the reply answers (its `reply_to`, kept on the exchange too):
+    # the turn's last message; a retry's, its original's. Unset (an exchange recorded before
+    # it was kept), the last one stored when the turn began.
     reply_to: int | None = None
 
     @property
@@ -152,26 +153,20 @@ class TokenCounter:
         return known if known is not None else count_message(message, self.model)
 
 
-# How many messages stored after a turn began `finish_in` reads to find another answer to it.
-ANSWER_SCAN = 100
-
-
 def _answered_meanwhile(
     conversations: Conversations, as_begun: ConversationRecord, reply_to: int
 ) -> bool:
     """Whether another attempt at this turn (the message at seq `reply_to`) stored a complete
     reply to it after it began. A reply to an overlapping turn stored meanwhile is not one;
-    nor is a partial reply. (Replies stored before they named the message they answer: the
-    first message after the turn, if it is one.)"""
-    after = conversations.messages(
-        as_begun.tenant_id, as_begun.pk, after_seq=as_begun.next_seq - 1, limit=ANSWER_SCAN
-    )
-    for m in after:
-        if m.role != "assistant":
-            continue
-        if "reply_to" not in m.meta:
-            return m.seq == as_begun.next_seq
-        if m.meta["reply_to"] == reply_to and m.status == "complete":
+    nor is a partial reply, nor an imported message. An assistant message without
+    `reply_to` (one a client sent back in its history, or a reply stored before replies
+    named their turn) counts when it comes right after the turn."""
+    replies = conversations.replies_after(as_begun.tenant_id, as_begun.pk, as_begun.next_seq - 1)
+    for seq, status, meta in replies:
+        if "reply_to" not in meta:
+            if seq == as_begun.next_seq:
+                return True
+        elif meta["reply_to"] == reply_to and status == "complete":
             return True
     return False
 
@@ -435,6 +430,7 @@ class ConversationMemory:
         )
         exchange.idempotency_key = key
         exchange.request_hash = hashes[-1] if key and hashes else None  # (kept with the key)
+        exchange.reply_to = turn.reply_to
         exchange.conversation_pk = turn.conversation.pk if turn.conversation else None
         exchange.conversation_id = turn.conversation_id or conversation_id
         Exchanges(conn).start(exchange)
@@ -519,6 +515,7 @@ class ConversationMemory:
                     messages=_new_messages(messages, hashes, count, turn.request_id, intent),
                 )
                 turn.store_reply = True
+                turn.reply_to = turn.conversation.next_seq - 1
             return key
         turn.conversation = conv
         window = max(context.max_history_messages, context.min_recent_messages) + TAIL_SLACK
@@ -548,9 +545,13 @@ class ConversationMemory:
             kept = tail[: len(tail) - split.overlap]
             turn.history = [_stored(m) for m in kept if m.role not in ("system", "developer")]
         new = [] if retry is not None else split.new
-        if retry is not None and turn.visible_before is not None and split.new:
-            # The original stored the turn's messages: they end where its answer belongs.
-            turn.reply_to = turn.visible_before + len(split.new) - 1
+        if retry is not None:
+            # A retry answers its original's turn: where the original's reply belongs (as it
+            # recorded it; else, from before it did, after the messages it stored).
+            if retry.reply_to is not None:
+                turn.reply_to = retry.reply_to
+            elif turn.visible_before is not None and split.new:
+                turn.reply_to = turn.visible_before + len(split.new) - 1
         intent = classify([t.message for t in turn.history])
         turn.store_reply = writing and (retry is None or retry.status != "complete")
         if turn.visible_before is None:
@@ -559,6 +560,8 @@ class ConversationMemory:
             hashes = chain_hashes(new, conv.chain_hash)
             rows = _new_messages(new, hashes, count, turn.request_id, intent)
             turn.conversation = conversations.append(conv, turn.user_id, rows, now=now())
+        if turn.reply_to is None:
+            turn.reply_to = turn.conversation.next_seq - 1  # (the turn's last message)
         return key
 
     @staticmethod

@@ -449,6 +449,7 @@ class SpillReplayer:
                 conv = dataclasses.replace(conv, next_seq=last + 1)
         mode = cast(Mode, found.mode)
         turn = Turn(found.request_id, found.tenant_id, found.user_id, mode, found.model, conv)
+        turn.reply_to = found.reply_to
         flags = (outcome.data.get("turn") if outcome else None) or {}
         # Without the live turn's word, a reply is stored where the turn stored messages of
         # its own (not for the retry of an answered turn, which stored none).

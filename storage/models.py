@@ -118,6 +118,8 @@ class Exchange(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(256))
     # With a key: the chained hash of the request's messages (a retry sends the same ones).
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    # The seq of the message its reply answers (the turn's last; a retry's, its original's).
+    reply_to: Mapped[int | None] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(256))
     upstream: Mapped[str] = mapped_column(String(128))
     mode: Mapped[str] = mapped_column(String(8))

@@ -80,6 +80,7 @@ class NewExchange:
     conversation_id: str | None = None
     idempotency_key: str | None = None
     request_hash: str | None = None
+    reply_to: int | None = None
     attached: dict[str, Any] = field(default_factory=dict)
     intent: str | None = None
     intent_detail: dict[str, Any] | None = None
@@ -94,6 +95,7 @@ class ExchangeRecord:
     conversation_id: str | None
     idempotency_key: str | None
     request_hash: str | None
+    reply_to: int | None
     model: str
     upstream: str
     mode: str

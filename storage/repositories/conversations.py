@@ -346,6 +346,24 @@ class Conversations:
         self.conn.execute(delete(C).where(C.c.tenant_id == tenant_id, C.c.pk == found.pk))
         return True
 
+    def replies_after(
+        self, tenant_id: str, conversation_pk: int, after_seq: int
+    ) -> Sequence[tuple[int, str, dict[str, Any]]]:
+        """(seq, status, metadata) of the replies to chat requests (assistant messages an
+        exchange stored) after `after_seq`, in order."""
+        rows = self.conn.execute(
+            select(M.c.seq, M.c.status, M.c["metadata"])
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.conversation_pk == conversation_pk,
+                M.c.seq > after_seq,
+                M.c.role == "assistant",
+                M.c.exchange_id.is_not(None),
+            )
+            .order_by(M.c.seq)
+        ).all()
+        return [(int(r[0]), str(r[1]), r[2] or {}) for r in rows]
+
     def first_seq_of_exchange(
         self, tenant_id: str, conversation_pk: int, exchange_id: str, *, last: bool = False
     ) -> int | None:

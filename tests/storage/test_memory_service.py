@@ -16,7 +16,7 @@ from proxy.config import ContextSettings
 from proxy.costs import Bill
 from proxy.errors import NotFound, Unprocessable
 from proxy.exchange_batch import DeferredExchanges
-from proxy.memory import ConversationMemory, Mode, Outcome, Turn
+from proxy.memory import ConversationMemory, Mode, Outcome, TokenCounter, Turn
 from proxy.spill import SpillFile
 from storage.database import Database
 from storage.models import EXCHANGES
@@ -490,6 +490,46 @@ async def test_a_keyed_retry_answers_its_original_turn_past_a_turn_stored_meanwh
         ("assistant", "A2"),
         ("assistant", "A1-retry"),
         ("assistant", "A1-original", "superseded"),
+    ]
+
+
+async def test_a_keyed_retry_of_a_resent_turn_answers_it_not_a_turn_stored_meanwhile(
+    db: Database, memory: ConversationMemory
+) -> None:
+    await exchange_turn(memory, [user("q1")], None, conversation_id="c1")  # failed: no reply
+    # Sent again with a key: it stores no message of its own (q1 is there).
+    original = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
+    other = await begin(memory, [user("q2")], conversation_id="c1")
+    retry = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
+    await answer(memory, other, "A2")
+    await answer(memory, retry, "A1-retry")
+    await answer(memory, original, "A1-original")
+    assert await stored(db, "c1") == [
+        ("user", "q1"),
+        ("user", "q2"),
+        ("assistant", "A2"),
+        ("assistant", "A1-retry"),
+        ("assistant", "A1-original", "superseded"),
+    ]
+
+
+async def test_an_imported_assistant_message_is_no_answer_to_a_live_turn(
+    db: Database, memory: ConversationMemory
+) -> None:
+    first = await begin(memory, [user("q1")], conversation_id="c1")
+    counter = TokenCounter("gpt-4o-mini")
+
+    def add(conn: Connection) -> None:
+        conv = Conversations(conn).get("t1", "c1", for_update=True)
+        assert conv is not None
+        ConversationMemory.import_messages(conn, conv, [assistant("imported")], counter)
+
+    await db.write(add)
+    await answer(memory, first, "A1")
+    assert await stored(db, "c1") == [
+        ("user", "q1"),
+        ("assistant", "imported"),
+        ("assistant", "A1"),
     ]
 
 

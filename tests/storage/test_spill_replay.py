@@ -427,6 +427,30 @@ async def test_the_retry_of_an_answered_turn_does_not_store_its_reply_again(
     assert (await exchange(db, retry.request_id)).status == "complete"
 
 
+async def test_a_replayed_retry_answers_its_original_turn_past_a_turn_stored_meanwhile(
+    db: Database, spill: SpillFile
+) -> None:
+    memory = ConversationMemory(db)
+    first = await begin(memory, [user("u1")], conversation_id="c1", idempotency_key="k1")
+    other = await begin(memory, [user("u2")], conversation_id="c1")
+    await memory.finish(other, reply("a2"))
+    # The retry was answered while storage was away: its outcome comes from the spill.
+    retry = await begin(memory, [user("u1")], conversation_id="c1", idempotency_key="k1")
+    outcome = spilled_outcome(
+        "t1", "alice", retry.request_id, datetime.now(UTC), reply("a1 again"), turn=retry
+    )
+    await spill.add(outcome, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    await memory.finish(first, reply("a1"))  # the original's answer comes last
+    assert await messages(db) == [
+        ("user", "u1", "complete"),
+        ("user", "u2", "complete"),
+        ("assistant", "a2", "complete"),
+        ("assistant", "a1 again", "complete"),
+        ("assistant", "a1", "superseded"),  # u1 is answered once in the chain
+    ]
+
+
 async def test_a_replayed_reply_whose_conversation_was_deleted_goes_to_no_one_else(
     db: Database, spill: SpillFile
 ) -> None:
