@@ -25,6 +25,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from policies.intent_labels import DEFAULT_LABELS, OTHER
 
@@ -137,7 +139,19 @@ class DatabaseConfig(_Strict):
                 "use sqlite+aiosqlite:///path/to/file.db or "
                 f"postgresql+asyncpg://user:password@host/database ({shown} given)"
             )
-        return f"{driver}://{rest}"
+        url = f"{driver}://{rest}"
+        if rest.split("/", 1)[0].count("@") > 1:
+            raise ValueError("write an '@' in the user name or password as %40")
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):
+            raise ValueError("not a database URL (look at the host and port)") from None
+        if "sslmode" in parsed.query and driver == "postgresql+asyncpg":
+            # libpq's name for it, in the URLs hosting platforms give; asyncpg's is `ssl`.
+            mode = parsed.query["sslmode"]
+            parsed = parsed.difference_update_query(["sslmode"]).update_query_dict({"ssl": mode})
+            return parsed.render_as_string(hide_password=False)
+        return url
 
 
 class TimeoutConfig(_Strict):
@@ -399,8 +413,6 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown top-level key")
 
-    # Checked alone first, so that a mistake there is not reported under the first tenant.
-    _validated(TenantSettings, _expand(defaults, "defaults", env), "defaults")
     merged = {
         name: _deep_merge(defaults, _mapping(body or {}, f"tenants.{name}"))
         for name, body in tenants.items()
@@ -444,9 +456,25 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
         "pricing": _expand(raw.get("pricing") or {}, "pricing", env),
         "tenants": {n: _expand(t, f"tenants.{n}", env) for n, t in merged.items()},
     }
-    config = _validated(Config, doc, "")
+    try:
+        config = Config.model_validate(doc)
+    except ValidationError as exc:
+        raise ConfigError(_in_defaults(exc, defaults, env) or _first_error(exc)) from None
     _check_keys(config)
     return config
+
+
+def _in_defaults(exc: ValidationError, defaults: dict[str, Any], env: dict[str, str]) -> str | None:
+    """A tenant's error as one of `defaults:`, when the same key is wrong there."""
+    loc = _deepest(exc)["loc"]
+    if not defaults or len(loc) < 3 or loc[0] != "tenants":
+        return None
+    try:
+        TenantSettings.model_validate(_expand(defaults, "defaults", env))
+    except ValidationError as mine:
+        if _deepest(mine)["loc"] == loc[2:]:
+            return _first_error(mine, "defaults")
+    return None
 
 
 def _include_patterns(value: Any) -> list[str]:
@@ -552,9 +580,13 @@ def _expand(value: Any, where: str, env: dict[str, str]) -> Any:
     return value
 
 
-def _first_error(exc: ValidationError, where: str = "") -> str:
+def _deepest(exc: ValidationError) -> Any:
     # In a union (a key is a string or an object) the deepest error is the one that helps.
-    err = max(exc.errors(), key=lambda e: len(e["loc"]))
+    return max(exc.errors(), key=lambda e: len(e["loc"]))
+
+
+def _first_error(exc: ValidationError, where: str = "") -> str:
+    err = _deepest(exc)
     parts = [where] if where else []
     parts += [str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig"))]
     loc = ".".join(parts)

@@ -74,7 +74,7 @@ def shown_url(url: str) -> str:
     """`url` with its password masked, fit for logs and error messages."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return url.partition("://")[0] + "://..."
 
 

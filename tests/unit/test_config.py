@@ -145,7 +145,6 @@ def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
             "defaults: {context: {token_budjet: 9}}\ntenants:\n  a: {api_keys: [k]}\n",
             r"^defaults\.context\.token_budjet: Extra inputs",
         ),
-        ("defaults: {api_keys: [k]}\ntenants:\n  a: {}\n", r"^defaults\.api_keys: Extra inputs"),
         # An upstream no tenant uses yet is checked too (unless it names unset variables).
         ("upstreams:\n  spare: {kind: opnai}\n", r"^upstreams\.spare\.kind: "),
         ("include: 5\n", r"^include: expected a file pattern"),
@@ -187,6 +186,11 @@ def test_secret_values_never_appear_in_errors(tmp_path: Path) -> None:
         ("postgresql+asyncpg://u@db/m", "postgresql+asyncpg://u@db/m"),
         ("sqlite:///data/m.db", "sqlite+aiosqlite:///data/m.db"),
         ("SQLite+aiosqlite:///m.db", "sqlite+aiosqlite:///m.db"),
+        # libpq's sslmode, as hosting platforms give it, is asyncpg's ssl.
+        (
+            "postgres://u:p%40ss@db/m?sslmode=require",
+            "postgresql+asyncpg://u:p%40ss@db/m?ssl=require",
+        ),
     ],
 )
 def test_database_urls_name_the_async_driver(tmp_path: Path, given: str, url: str) -> None:
@@ -200,13 +204,15 @@ def test_database_urls_name_the_async_driver(tmp_path: Path, given: str, url: st
         ("mysql://u:hunter2@db/m", "mysql given"),
         ("postgresql+psycopg2://u:hunter2@db/m", "postgresql+psycopg2 given"),
         ("hunter2.db", "no scheme given"),
+        ("postgres://u:hunter2@x@db/m", "write an '@'"),
+        ("postgres://u:hunter2@db:port/m", "not a database URL"),
     ],
 )
-def test_another_database_driver_is_refused_without_showing_the_url(
+def test_a_database_url_memproxy_cannot_use_is_refused_without_showing_it(
     tmp_path: Path, given: str, named: str
 ) -> None:
     path = write(tmp_path, f"database: {{url: '{given}'}}\ntenants:\n  a: {{api_keys: [k]}}\n")
-    with pytest.raises(ConfigError, match=r"^database.url: .*postgresql\+asyncpg://") as info:
+    with pytest.raises(ConfigError, match=r"^database\.url: Value error, ") as info:
         load_config(path, environ={})
     assert named in str(info.value)
     assert "hunter2" not in str(info.value)
@@ -229,3 +235,19 @@ def test_include_takes_one_pattern_as_a_string_and_globs_may_match_nothing(
 def test_an_unused_upstream_may_name_unset_variables(tmp_path: Path) -> None:
     path = write(tmp_path, "upstreams:\n  spare: {kind: openai, api_key: '${SPARE_KEY}'}\n")
     assert "spare" not in load_config(path, environ={}).upstreams
+
+
+def test_defaults_that_are_valid_only_once_merged_are_accepted(tmp_path: Path) -> None:
+    # The policy names a label each tenant defines: not valid alone, valid in every tenant.
+    path = write(
+        tmp_path,
+        """
+defaults:
+  intent: {policies: {smalltalk: {memory: false}}}
+tenants:
+  a:
+    api_keys: [ka]
+    intent: {labels: {smalltalk: {description: "greetings and chit-chat"}}}
+""",
+    )
+    assert "smalltalk" in load_config(path, environ={}).tenants["a"].intent.policies
