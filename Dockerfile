@@ -10,9 +10,12 @@ COPY storage ./storage
 COPY policies ./policies
 COPY config.yaml ./
 RUN python -m venv /app/.venv && /app/.venv/bin/python -m pip install --quiet -e . \
-    && useradd --system --uid 10001 --home-dir /data --create-home memproxy
+    && groupadd --system --gid 10001 memproxy \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /data --create-home memproxy
 ENV MEMPROXY_CONFIG=/app/config.yaml
-USER memproxy
+# Numeric, so that Kubernetes' runAsNonRoot can check it. A host directory mounted at /data
+# must be writable by uid 10001 (chown 10001:10001 it).
+USER 10001:10001
 WORKDIR /data
 VOLUME /data
 EXPOSE 8080

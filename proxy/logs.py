@@ -57,8 +57,12 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
-    # httpx logs every upstream request at INFO; the access line already has what matters.
-    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
+    logging.captureWarnings(True)  # (warnings too, as records of `py.warnings`)
+    # Warnings and errors only, whatever the level: httpx logs every upstream request at
+    # info (the access line has what matters), and at debug httpcore, hpack and litellm log
+    # the requests themselves, message content included (`server.log_content` decides that).
+    for name in ("httpx", "httpcore", "hpack", "LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
 
 
 def _drop_color_message(_: Any, __: str, event: structlog.types.EventDict) -> Any:

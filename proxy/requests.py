@@ -149,10 +149,10 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
 
 # Content parts whose fields the proxy reads (stores, searches, counts): the field each must
 # have, and its type. Other types pass on as they are, for the upstream to judge.
-_PART_FIELDS: dict[str, tuple[str, type]] = {
+_PART_FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "text": ("text", str),
     "refusal": ("refusal", str),
-    "image_url": ("image_url", dict),
+    "image_url": ("image_url", (dict, str)),  # (litellm takes the URL alone too)
 }
 
 
@@ -168,7 +168,7 @@ def _check_part(part: Any, where: str) -> None:
         return
     value = part.get(field)
     if not isinstance(value, expected):
-        wanted = "a string" if expected is str else "an object"
+        wanted = "a string" if expected is str else "an object or a string"
         raise BadRequest(
             f"{where}.{field} is {_kind(value)}, expected {wanted}.", param=f"{where}.{field}"
         )

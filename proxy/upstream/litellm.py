@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -83,9 +84,16 @@ _TYPE_BY_STATUS = {
 }
 
 
+# The loggers litellm gives a handler of its own when imported.
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
 def _import_litellm() -> Any:
     module: Any = importlib.import_module("litellm")
     module.suppress_debug_info = True  # else it print()s hints to stdout on some failures
+    # Its records go to memproxy's handler only (one format, once), not also to its own.
+    for name in LITELLM_LOGGERS:
+        logging.getLogger(name).handlers.clear()
     return module
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -13,7 +15,7 @@ import yaml
 
 from tests.fakes.openai_upstream import FakeOpenAI, error_reply
 from tests.fakes.server import ServerThread
-from tests.processes import spawn, stop, wait_ready
+from tests.processes import ROOT, spawn, stop, wait_ready
 
 KEY = "sk-tenant-key-0123456789"
 UPSTREAM_KEY = "sk-upstream-key-9876543210"
@@ -129,3 +131,28 @@ def test_json_logs_are_json_throughout_and_probes_stay_quiet(tmp_path: Path) -> 
     # The probes' answers are not logged at info; the chat request is.
     paths = [line["path"] for line in lines if line["event"] == "request"]
     assert paths == ["/v1/chat/completions"]
+
+
+def test_litellm_records_come_once_as_json_and_not_its_debug_lines() -> None:
+    script = """
+import logging, warnings
+from proxy.offline import prepare_offline_environment
+from proxy.logs import configure_logging
+from proxy.upstream.litellm import _import_litellm
+prepare_offline_environment()
+configure_logging("debug", "json")
+_import_litellm()
+logging.getLogger("LiteLLM").debug("POST Request Sent: my bank PIN")
+logging.getLogger("LiteLLM").warning("litellm says")
+warnings.warn("deprecated thing")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert [(line["logger"], line["event"]) for line in lines if "logger" in line] == [
+        ("LiteLLM", "litellm says"),
+        ("py.warnings", lines[-1]["event"]),
+    ]
+    assert "deprecated thing" in lines[-1]["event"] and "PIN" not in done.stderr

@@ -93,7 +93,7 @@ def test_bodies_that_are_not_json_objects_are_400(raw: bytes) -> None:
             "messages[0].content[0].refusal",
         ),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}]},
             "messages[0].content[0].image_url",
         ),
         (
@@ -128,6 +128,7 @@ def test_valid_requests_pass_including_parts_tools_and_unknown_fields() -> None:
                     "role": "user",
                     "content": [
                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+                        {"type": "image_url", "image_url": "https://example.com/cat.png"},
                         {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
                         {"type": "some_future_part", "whatever": [1]},
                     ],
