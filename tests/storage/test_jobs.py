@@ -9,7 +9,9 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
+import pytest
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.jobs import RetryPolicy
 from proxy.jobs import Apply, JobFailed, JobRunner
@@ -88,6 +90,34 @@ async def test_concurrent_claims_split_the_jobs_between_workers(db: Database) ->
     batches = await asyncio.gather(*(claim(db, f"w{i}", limit=4) for i in range(4)))
     claimed = [j.pk for batch in batches for j in batch]
     assert len(claimed) == len(set(claimed)) == 12
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_a_claim_skips_a_job_another_replica_holds_instead_of_waiting(db: Database) -> None:
+    """Another replica's claim transaction still holds the first job's row: a claim takes the
+    others, at once (SKIP LOCKED), rather than waiting for that transaction or taking it."""
+    for i in range(3):
+        await enqueue(db, f"req_{i}")
+    other = create_async_engine(db.url)
+    try:
+        async with other.begin() as held:  # (SQLite has one writer: PostgreSQL only)
+            first = (
+                await held.execute(
+                    text("SELECT pk FROM jobs ORDER BY run_after, pk LIMIT 1 FOR UPDATE")
+                )
+            ).scalar_one()
+            claimed = await asyncio.wait_for(claim(db, "w2"), timeout=30)
+            assert sorted(j.pk for j in claimed) == sorted(
+                j.pk for j in await jobs_of(db) if j.pk != first
+            )
+        # Once the other transaction has ended, its row is there to claim.
+        assert [j.pk for j in await claim(db, "w3")] == [first]
+    finally:
+        await other.dispose()
+
+
+async def jobs_of(db: Database) -> list[JobRecord]:
+    return list(await db.read(lambda conn: Jobs(conn).find("t1", limit=10)))
 
 
 async def test_a_job_not_yet_due_waits(db: Database) -> None:
