@@ -216,9 +216,7 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(f"PostgreSQL unavailable: {reason}")
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for the whole session, started on first use."""
+def _running() -> Iterator[PostgresServer]:
     server = start_server()
     try:
         yield server
@@ -226,14 +224,10 @@ def postgres_server() -> Iterator[PostgresServer]:
         server.stop()
 
 
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, to stop and start again."""
-    server = start_server()
-    try:
-        yield server
-    finally:
-        server.stop()
+# A PostgreSQL server for the whole session, started on first use; and one of a test's own,
+# to stop and start again.
+postgres_server = pytest.fixture(scope="session", name="postgres_server")(_running)
+own_postgres = pytest.fixture(name="own_postgres")(_running)
 
 
 def start_server() -> PostgresServer:

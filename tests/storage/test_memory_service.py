@@ -475,29 +475,12 @@ async def test_a_partial_reply_of_one_attempt_does_not_supersede_the_others_answ
     ]
 
 
+@pytest.mark.parametrize("resent", [False, True])
 async def test_a_keyed_retry_answers_its_original_turn_past_a_turn_stored_meanwhile(
-    db: Database, memory: ConversationMemory
+    db: Database, memory: ConversationMemory, resent: bool
 ) -> None:
-    original = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
-    other = await begin(memory, [user("q2")], conversation_id="c1")
-    retry = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
-    await answer(memory, other, "A2")
-    await answer(memory, retry, "A1-retry")
-    await answer(memory, original, "A1-original")
-    assert await stored(db, "c1") == [
-        ("user", "q1"),
-        ("user", "q2"),
-        ("assistant", "A2"),
-        ("assistant", "A1-retry"),
-        ("assistant", "A1-original", "superseded"),
-    ]
-
-
-async def test_a_keyed_retry_of_a_resent_turn_answers_it_not_a_turn_stored_meanwhile(
-    db: Database, memory: ConversationMemory
-) -> None:
-    await exchange_turn(memory, [user("q1")], None, conversation_id="c1")  # failed: no reply
-    # Sent again with a key: it stores no message of its own (q1 is there).
+    if resent:  # q1 failed before: the keyed original resends it and stores nothing of its own
+        await exchange_turn(memory, [user("q1")], None, conversation_id="c1")
     original = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
     other = await begin(memory, [user("q2")], conversation_id="c1")
     retry = await begin(memory, [user("q1")], conversation_id="c1", idempotency_key="k1")
