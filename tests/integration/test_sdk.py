@@ -835,7 +835,8 @@ async def test_get_with_query_string_reaches_the_upstream_unchanged(
     # Escapes and repeated keys are not re-encoded or merged on the way.
     async with httpx.AsyncClient() as http:
         response = await http.get(
-            client.base_url.join("batches?after=a%2Fb&x=1&x=2&q=%C3%A9+z"),
+            # (a string: openai 3 builds its URLs with httpx2, not httpx)
+            str(client.base_url.join("batches?after=a%2Fb&x=1&x=2&q=%C3%A9+z")),
             headers={"authorization": f"Bearer {KEY}"},
         )
     assert response.json()["query"] == "after=a%2Fb&x=1&x=2&q=%C3%A9+z"
