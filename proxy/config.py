@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -445,7 +445,10 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
                 expanded = _expand(body, f"upstreams.{name}", env)
             except ConfigError:
                 continue  # (its variables need not be set while no tenant uses it)
-            _validated(UpstreamConfig, expanded, f"upstreams.{name}")
+            try:
+                UpstreamConfig.model_validate(expanded)
+            except ValidationError as exc:
+                raise ConfigError(_first_error(exc, f"upstreams.{name}")) from None
     doc = {
         "server": _expand(raw.get("server") or {}, "server", env),
         "database": _expand(raw.get("database") or {}, "database", env),
@@ -485,17 +488,6 @@ def _include_patterns(value: Any) -> list[str]:
     if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
         raise ConfigError("include: expected a file pattern or a list of them")
     return patterns
-
-
-_M = TypeVar("_M", bound=BaseModel)
-
-
-def _validated(model: type[_M], value: Any, where: str) -> _M:
-    """`value` as a `model`; a ConfigError naming the key (under `where`) if it is not one."""
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise ConfigError(_first_error(exc, where)) from None
 
 
 def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope]]]:

@@ -9,6 +9,10 @@ from typing import Any
 import msgspec
 import structlog
 
+# The loggers litellm gives a handler of its own when imported (proxy/upstream/litellm.py
+# takes it away: their records come here).
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
 
 def _json(event: Any, **_: Any) -> str:
     return msgspec.json.encode(event, enc_hook=str).decode()
@@ -61,7 +65,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     # Warnings and errors only, whatever the level: httpx logs every upstream request at
     # info (the access line has what matters), and at debug httpcore, hpack and litellm log
     # the requests themselves, message content included (`server.log_content` decides that).
-    for name in ("httpx", "httpcore", "hpack", "LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+    for name in ("httpx", "httpcore", "hpack", *LITELLM_LOGGERS):
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
 
 

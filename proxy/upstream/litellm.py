@@ -27,6 +27,7 @@ from proxy.errors import (
     UpstreamUnreachable,
     error_body,
 )
+from proxy.logs import LITELLM_LOGGERS
 from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
 from proxy.upstream.headers import passthrough_headers
 
@@ -82,10 +83,6 @@ _TYPE_BY_STATUS = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
-
-
-# The loggers litellm gives a handler of its own when imported.
-LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 
 
 def _import_litellm() -> Any:
