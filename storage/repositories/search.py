@@ -12,13 +12,14 @@ ORed: any of them may match, and the ranking rewards those that match more and r
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
 from storage.models import CONVERSATIONS, MESSAGES
 from storage.repositories.digests import tenant_digest
@@ -83,6 +84,17 @@ _SQLITE = text(
     "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
     "ORDER BY f.score DESC"
 )
+# Most of a search's time on SQLite is bm25 computed for every matching row, and a word in a
+# large share of the index (a name the user says in every turn) makes most rows match while
+# adding little to any row's score. Such a word's rows are left out of the ranking when that
+# provably changes nothing (`_ranked_without_frequent`): a word is frequent in more than
+# FREQUENT_SHARE of the index's rows and at least FREQUENT_ROWS of them (below that, ranking
+# its rows costs little). On LoCoMo ten times over (27,600 messages), a third less search time.
+FREQUENT_SHARE = 0.1
+FREQUENT_ROWS = 1_000
+# FTS5's bm25 (k1 = 1.2): a word adds less than (k1 + 1) times its idf to a row's score.
+_BM25_MOST_PER_IDF = 2.2
+_INDEXED_ROWS_AT_MOST = text("SELECT coalesce(max(pk), 0) FROM messages")
 _SQLITE_IN_CONVERSATION = text(
     "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
     "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
@@ -143,13 +155,68 @@ class MessageSearch:
         if not words:
             return []
         if self.conn.dialect.name == "postgresql":
-            statement, query = _POSTGRESQL, " | ".join(words)
-        else:
-            statement = _SQLITE if conversation_pk is None else _SQLITE_IN_CONVERSATION
-            terms_query = " OR ".join(f'"{w}"' for w in words)
-            scope = scope_token(tenant_id, user_id)
-            query = f'search_scope : "{scope}" AND search_text : ({terms_query})'
+            return self._hits(
+                _POSTGRESQL, " | ".join(words), tenant_id, user_id, limit, conversation_pk
+            )
+        scope = scope_token(tenant_id, user_id)
+        if conversation_pk is not None:
+            query = _sqlite_query(scope, words)
+            return self._hits(
+                _SQLITE_IN_CONVERSATION, query, tenant_id, user_id, limit, conversation_pk
+            )
+        found = self._ranked_without_frequent(scope, words, tenant_id, user_id, limit)
+        if found is not None:
+            return found
+        return self._hits(_SQLITE, _sqlite_query(scope, words), tenant_id, user_id, limit)
 
+    def _ranked_without_frequent(
+        self, scope: str, words: Sequence[str], tenant_id: str, user_id: str, limit: int
+    ) -> list[Hit] | None:
+        """The SQLite search ranking only the rows that hold a word that is not frequent
+        (`FREQUENT_SHARE`), the frequent words still scored where they occur: the same hits,
+        and faster, when the last of them scores more than a row holding only frequent words
+        could (bm25's bound, from the words' idf); None when that is not so, or there is no
+        word of each kind, and the whole search is needed."""
+        holding = self._rows_holding(words)
+        indexed = self.conn.execute(_INDEXED_ROWS_AT_MOST).scalar_one()
+        cut = max(FREQUENT_ROWS, FREQUENT_SHARE * indexed)
+        frequent = [w for w in words if holding[w] > cut]
+        rare = [w for w in words if 0 < holding[w] <= cut]
+        if not frequent or not rare:
+            return None
+        scored = " OR ".join(f'search_text : "{w}"' for w in frequent)
+        query = f'{_sqlite_query(scope, rare)} AND ({scored} OR search_scope : "{scope}")'
+        hits = self._hits(_SQLITE, query, tenant_id, user_id, limit)
+        # An upper bound of what bm25 computes: more rows than it counts, fewer holding a word.
+        ceiling = sum(_BM25_MOST_PER_IDF * _idf(indexed, holding[w]) for w in frequent)
+        if len(hits) == limit and hits[-1].score > ceiling:
+            return hits
+        return None
+
+    def _rows_holding(self, words: Sequence[str]) -> dict[str, int]:
+        """How many rows of the index (every user's) hold each of `words`, as bm25 counts
+        them (as it does for each word of every search)."""
+        statement = text(
+            " UNION ALL ".join(
+                f"SELECT {i} AS i, count(*) AS n FROM messages_fts WHERE messages_fts MATCH :w{i}"
+                for i in range(len(words))
+            )
+        )
+        rows = self.conn.execute(
+            statement,
+            {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)},
+        )
+        return {words[i]: n for i, n in rows}
+
+    def _hits(
+        self,
+        statement: TextClause,
+        query: str,
+        tenant_id: str,
+        user_id: str,
+        limit: int,
+        conversation_pk: int | None = None,
+    ) -> list[Hit]:
         rows = self.conn.execute(
             statement,
             {
@@ -203,3 +270,14 @@ class MessageSearch:
             Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
+
+
+def _sqlite_query(scope: str, words: Sequence[str]) -> str:
+    """An FTS5 query for the rows of one user (`scope_token`) that hold any of `words`."""
+    either = " OR ".join(f'"{w}"' for w in words)
+    return f'search_scope : "{scope}" AND search_text : ({either})'
+
+
+def _idf(rows: int, holding: int) -> float:
+    """FTS5's bm25 idf of a word `holding` of `rows` rows hold."""
+    return max(1e-6, math.log((rows - holding + 0.5) / (holding + 0.5)))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, text, update
+import pytest
+from sqlalchemy import Connection, event, text, update
 
 from storage.database import Database
 from storage.models import MESSAGES
+from storage.repositories import search as search_module
 from storage.repositories.conversations import Conversations
 from storage.repositories.search import Hit, MessageSearch, searchable_text
 from tests.storage.test_repositories import msg, new_conversation, partial
@@ -123,6 +125,54 @@ async def test_hostile_terms_are_ignored_not_executed(db: Database) -> None:
     for term in ['" OR 1=1 --', "words*", "NEAR(plain words)", "a|b", "x'); DROP TABLE"]:
         assert await search(db, [term]) == []
     assert len(await search(db, ["words", '"; --'])) == 1
+
+
+def same(found: list[Hit], expected: list[Hit]) -> bool:
+    """The same hits in the same order, their scores equal but for rounding."""
+    pks = [(h.pk, h.seq) for h in found] == [(h.pk, h.seq) for h in expected]
+    return pks and [h.score for h in found] == pytest.approx([h.score for h in expected])
+
+
+@pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
+async def test_a_frequent_words_rows_are_left_unranked_only_when_the_hits_are_the_same(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "zed" is in every message (a name said in every turn); a few also hold rarer words, and
+    # another user's rows count in the index too. What a search finds must not depend on
+    # whether the rows holding only "zed" were ranked (SQLite ranks every match: the cost).
+    turns = [msg("user", f"zed: plain turn number {i}") for i in range(40)]
+    turns += [msg("user", f"zed: the kayak trip {i}, kayak") for i in range(3)]
+    turns += [msg("assistant", "zed: a glacier walk"), msg("user", "zed zed zed zed")]
+    await new_conversation(db, "c1", turns)
+    await new_conversation(db, "c2", [msg("user", "zed and a kayak")], user="bob")
+    monkeypatch.setattr(search_module, "FREQUENT_ROWS", 10**9)  # every row ranked
+    everything = {n: await search(db, ["zed", "kayak", "glacier"], limit=n) for n in (3, 6)}
+    assert [len(hits) for hits in everything.values()] == [3, 6]  # 6 holds a "zed"-only row
+    monkeypatch.setattr(search_module, "FREQUENT_ROWS", 10)
+
+    async def searched(limit: int) -> tuple[list[Hit], list[str]]:
+        statements: list[str] = []
+
+        def work(conn: Connection) -> list[Hit]:
+            def seen(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
+                statements.extend(p for p in args[3] if str(p).startswith("search_scope"))
+
+            event.listen(conn, "before_cursor_execute", seen)
+            try:
+                return MessageSearch(conn).search(
+                    "t1", "alice", ["zed", "kayak", "glacier"], limit=limit
+                )
+            finally:
+                event.remove(conn, "before_cursor_execute", seen)
+
+        return await db.read(work), statements
+
+    hits, queries = await searched(3)  # the best three hold "kayak": "zed" alone scores less
+    assert same(hits, everything[3]) and len(queries) == 1
+    assert 'search_text : ("kayak" OR "glacier")' in queries[0]
+    hits, queries = await searched(6)  # the sixth is a "zed"-only row: the whole search
+    assert same(hits, everything[6]) and len(queries) == 2
+    assert 'search_text : ("zed" OR "kayak" OR "glacier")' in queries[1]
 
 
 async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
