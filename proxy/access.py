@@ -34,7 +34,7 @@ class RequestInfo:
     first_byte_ms: float | None = None
     status: int = 0
     # ok, refused (a 4xx of the proxy's own), upstream_error (the upstream failed or answered
-    # an error), error (the proxy failed), client_disconnected
+    # an error), error (the proxy failed, or a shutdown cut it off), client_disconnected
     outcome: str = "ok"
     code: str | None = None  # an error response's `code`
     logged: bool = False

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import socket
 import sys
 
 from proxy.config import Config, ConfigError, load_config
@@ -83,15 +85,32 @@ def main(argv: list[str] | None = None) -> None:
 
     configure_logging(args.log_level, args.log_format)
     _migrate(config)  # before the server: a database that is not there is one line, not a trace
-    uvicorn.run(
-        create_app(config, config_path=path, migrated=True),  # SIGHUP reloads it
+    app = create_app(config, config_path=path, migrated=True)  # SIGHUP reloads it
+    grace = config.server.shutdown_grace_seconds
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            """Tell the app that the grace period begins (uvicorn tells it nothing until the
+            connections are closed), so what still waits near its end gets an error."""
+            state = getattr(app.state, "memproxy", None)
+            if state is not None:
+                state.shutdown.start(grace)
+            await super().shutdown(sockets)
+
+    settings = uvicorn.Config(
+        app,
         host=args.host,
         port=args.port,
         access_log=False,  # memproxy writes its own structured access line
         log_config=None,  # uvicorn's records go through memproxy's handler (one format)
         log_level=args.log_level,
-        timeout_graceful_shutdown=math.ceil(config.server.shutdown_grace_seconds),
+        timeout_graceful_shutdown=math.ceil(grace),
     )
+    server = Server(settings)
+    with contextlib.suppress(KeyboardInterrupt):  # (as uvicorn.run does)
+        server.run()
+    if not server.started:
+        sys.exit(3)  # uvicorn's exit status for a failed start-up
 
 
 if __name__ == "__main__":

@@ -327,7 +327,9 @@ class ChatExchange:
         forwarded = time.perf_counter()
         self.overhead_ms = (forwarded - self.info.started) * 1000
         try:
-            reply = await self.upstream.chat_completions(body, stream=stream)
+            reply = await self.services.shutdown.guard(
+                self.upstream.chat_completions(body, stream=stream)
+            )
         except Exception as exc:
             if counting is not None:
                 counting.cancel()
@@ -351,7 +353,13 @@ class ChatExchange:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
             observer = ChatStreamObserver(self, drop_usage_chunk=drop_usage_chunk)
-            response = to_response(self.request, reply, headers=headers, observer=observer)
+            response = to_response(
+                self.request,
+                reply,
+                headers=headers,
+                observer=observer,
+                deadline=self.services.shutdown,
+            )
         else:
             if counting is not None:
                 counting.cancel()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 import structlog
@@ -12,6 +12,7 @@ from litestar.response import Stream
 
 from proxy.access import log_access, request_info
 from proxy.errors import ProxyError, sse_error_event
+from proxy.shutdown import ShutdownDeadline, ShuttingDown
 from proxy.sse import DONE
 from proxy.upstream.base import UpstreamReply
 
@@ -69,6 +70,7 @@ def to_response(
     *,
     headers: dict[str, str] | None = None,
     observer: StreamObserver | None = None,
+    deadline: ShutdownDeadline | None = None,
 ) -> Response[Any]:
     out_headers = {**reply.headers, **(headers or {})}
     if reply.status >= 400:  # the upstream's own error, passed on
@@ -83,7 +85,7 @@ def to_response(
     if reply.media_type.startswith("text/event-stream"):
         out_headers.update(_STREAM_HEADERS)
     return Stream(
-        _Relayed(request, reply.chunks, observer),
+        _Relayed(request, reply.chunks, observer, deadline),
         status_code=reply.status,
         headers=out_headers,
         media_type=reply.media_type,
@@ -101,14 +103,16 @@ class _Relayed:
         request: Request[Any, Any, Any],
         chunks: AsyncIterator[bytes],
         observer: StreamObserver | None,
+        deadline: ShutdownDeadline | None = None,
     ) -> None:
         self._request, self._chunks, self._observer = request, chunks, observer
+        self._deadline = deadline
         self._loop = asyncio.get_running_loop()
         self._started = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self._started = True
-        return relay(self._request, self._chunks, self._observer)
+        return relay(self._request, self._chunks, self._observer, self._deadline)
 
     def __del__(self) -> None:
         if self._started or self._loop.is_closed():
@@ -134,13 +138,19 @@ def _never_relayed(
         task.add_done_callback(_closing.discard)
 
 
+async def _unguarded(next_chunk: Awaitable[bytes]) -> bytes:
+    return await next_chunk
+
+
 async def relay(
     request: Request[Any, Any, Any],
     chunks: AsyncIterator[bytes],
     observer: StreamObserver | None = None,
+    deadline: ShutdownDeadline | None = None,
 ) -> AsyncIterator[bytes]:
     """Pass chunks on as they arrive (an observer may leave out an event the client did not
-    ask for); a failure after the first byte becomes a final error event.
+    ask for); a failure after the first byte becomes a final error event, as does a shutdown's
+    `deadline` passing while the stream waits for its next chunk.
 
     Closing this generator (the client went away) closes the upstream iterator, which closes
     the upstream connection and so cancels the upstream request.
@@ -149,8 +159,14 @@ async def relay(
     finished = observer is None
     observer = observer or _Unobserved()
     line_start = True  # whether what the client got so far ends a line
+    wait = deadline.guard if deadline is not None else _unguarded
+    iterator = aiter(chunks)
     try:
-        async for chunk in chunks:
+        while True:
+            try:
+                chunk = await wait(anext(iterator))
+            except StopAsyncIteration:
+                break
             if finished:
                 yield chunk
                 continue
@@ -180,7 +196,8 @@ async def relay(
         # An upstream failure (ProxyError) or anything unexpected: the client still gets a
         # last event saying so, and what arrived is recorded.
         error = exc if isinstance(exc, ProxyError) else ProxyError("The stream failed.")
-        info.outcome = "upstream_error" if isinstance(exc, ProxyError) else "error"
+        upstream = isinstance(exc, ProxyError) and not isinstance(exc, ShuttingDown)
+        info.outcome = "upstream_error" if upstream else "error"
         info.code = error.code
         unexpected = not isinstance(exc, ProxyError)
         log.warning(

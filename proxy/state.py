@@ -25,6 +25,7 @@ from proxy.limits import LimitKeeper
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from proxy.replay import SpillReplayer
+from proxy.shutdown import ShutdownDeadline
 from proxy.spill import SpillFile
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
@@ -58,6 +59,8 @@ class AppState:
     spill: SpillFile
     # Writes the spill to the database (set once the app has started).
     replayer: SpillReplayer | None = None
+    # Cuts what waits on an upstream when a shutdown's grace is nearly over (the CLI starts it).
+    shutdown: ShutdownDeadline = field(default_factory=ShutdownDeadline)
     # Recall's vectors (None while no tenant has embeddings on: numpy is then not needed).
     vectors: VectorIndex | None = None
     upstreams: dict[str, Upstream] = field(default_factory=dict)

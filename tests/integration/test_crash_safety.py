@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from tests.conftest import KEY
-from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.openai_upstream import FakeOpenAI, Reply
 from tests.fakes.server import ServerThread
+from tests.integration.test_sdk import wait_until
 from tests.processes import Replica, kill, spawn, stop, wait_ready
 
 STREAMS = 4
@@ -184,5 +185,72 @@ async def test_sigterm_lets_the_streams_in_flight_finish_and_stores_them(
                 ("assistant", "complete"),
             ]
             assert stored[1]["content"].strip() == f"fake reply to: {stream.text}"
+    finally:
+        stop(again)
+
+
+async def test_what_still_waits_when_the_grace_period_ends_gets_an_error_and_is_stored(
+    tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    # Replies far longer than the grace period: two streams mid-way, and a whole reply the
+    # upstream has not begun. Near the end of the grace they get a 503 or a last error event
+    # (uvicorn would only drop the connections), and what the streams had is stored.
+    fake = FakeOpenAI(chunk_delay=0.5)
+    with ServerThread(fake) as upstream:
+        path = tmp_path / "config.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "server": {"shutdown_grace_seconds": 2},
+                    "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'memproxy.db'}"},
+                    "upstreams": {"main": {"kind": "openai", "base_url": upstream.url + "/v1"}},
+                    "tenants": {"t1": {"api_keys": [KEY], "upstream": "main"}},
+                }
+            )
+        )
+        server = spawn("server", path, tmp_path)
+        try:
+            wait_ready(server)
+            on(server, client)
+            streams = [Stream(client, n) for n in range(2)]
+            tasks = [asyncio.create_task(s.run()) for s in streams]
+            await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), 30)
+            fake.script.append(Reply(body={"unused": True}, hold=True))
+            whole = asyncio.create_task(
+                client.post(
+                    "/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "wait"}]},
+                    headers={"X-Memory-User-Id": "alice", "X-Memory-Conversation-Id": "whole"},
+                )
+            )
+            await wait_until(lambda: len(fake.chat_requests) == 3)  # (the whole one held)
+            server.process.send_signal(signal.SIGTERM)
+            answered = await asyncio.wait_for(whole, 30)
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            assert answered.status_code == 503, answered.text
+            assert answered.json()["error"]["code"] == "server_shutting_down"
+            assert answered.headers["x-memory-conversation-id"] == "whole"
+            for stream in streams:
+                assert not stream.done
+                last = json.loads(stream.events[-1])
+                assert last["error"]["code"] == "server_shutting_down", stream.events[-1]
+            assert await asyncio.to_thread(server.process.wait, 30) in (0, -signal.SIGTERM)
+        finally:
+            fake.release.set()
+            stop(server)
+
+    again = spawn("again", path, tmp_path)
+    try:
+        wait_ready(again)
+        on(again, client)
+        assert [m["role"] for m in await messages(client, "whole")] == ["user"]
+        for stream in streams:
+            stored = await messages(client, stream.conversation)
+            assert [(m["role"], m["status"]) for m in stored] == [
+                ("user", "complete"),
+                ("assistant", "error"),  # as a stream the upstream broke off
+            ]
+            assert stream.content() == stored[1]["content"].strip()
+            assert f"fake reply to: {stream.text}".startswith(stream.content())
     finally:
         stop(again)
