@@ -11,8 +11,8 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from proxy.access import log_access, request_info
-from proxy.errors import ProxyError, sse_error_event
-from proxy.shutdown import ShutdownDeadline, ShuttingDown
+from proxy.errors import ProxyError, UpstreamError, sse_error_event
+from proxy.shutdown import ShutdownDeadline
 from proxy.sse import DONE
 from proxy.upstream.base import UpstreamReply
 
@@ -193,12 +193,10 @@ async def relay(
             if rest:
                 yield rest
     except Exception as exc:  # (cancellation and GeneratorExit are not Exceptions)
-        # An upstream failure (ProxyError) or anything unexpected: the client still gets a
-        # last event saying so, and what arrived is recorded.
+        # An upstream failure, a shutdown's deadline (ProxyError) or anything unexpected: the
+        # client still gets a last event saying so, and what arrived is recorded.
         error = exc if isinstance(exc, ProxyError) else ProxyError("The stream failed.")
-        upstream = isinstance(exc, ProxyError) and not isinstance(exc, ShuttingDown)
-        info.outcome = "upstream_error" if upstream else "error"
-        info.code = error.code
+        info.failed(error.status, error.code, upstream=isinstance(exc, UpstreamError))
         unexpected = not isinstance(exc, ProxyError)
         log.warning(
             "stream_broken", request_id=info.request_id, error=str(exc), exc_info=unexpected

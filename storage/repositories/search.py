@@ -177,6 +177,8 @@ class MessageSearch:
         and faster, when the last of them scores more than a row holding only frequent words
         could (bm25's bound, from the words' idf); None when that is not so, or there is no
         word of each kind, and the whole search is needed."""
+        if len(words) < 2:
+            return None  # (no word of each kind: not worth counting)
         holding = self._rows_holding(words)
         indexed = self.conn.execute(_INDEXED_ROWS_AT_MOST).scalar_one()
         cut = max(FREQUENT_ROWS, FREQUENT_SHARE * indexed)
