@@ -122,6 +122,7 @@ class FakeAnthropic:
         self.requests: list[Recorded] = []
         self.script: list[Reply] = []
         self.disconnects = 0
+        self.replies_started = 0  # responses whose head went out (or is about to)
 
     @property
     def message_requests(self) -> list[dict[str, Any]]:
@@ -148,6 +149,7 @@ class FakeAnthropic:
     async def _send(self, reply: Reply, receive: Receive, send: Send) -> None:
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        self.replies_started += 1
         headers = {
             "content-type": "application/json" if reply.events is None else "text/event-stream",
             "request-id": REQUEST_ID,
