@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -94,6 +95,42 @@ def show(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# Long turns built to make a regular expression backtrack (an opener said again and again,
+# one character repeated, an unclosed quote or fence), each timed against ordinary turns of
+# the same length: what the classifier reads costs the same whatever it holds.
+WORST_CASES = (
+    "thanks for the " * 150,
+    "ok, " * 500 + "x",
+    "hi there, " * 200 + "?",
+    "thanks, " * 500 + "what is rust?",
+    "what is " * 400,
+    "a" * 3000,
+    '"' * 3000,
+    "'" + "x " * 1500,
+    ":" + " x" * 1500,
+    "```" * 700,
+)
+
+
+def worst_case_ratio(rows: list[dict[str, Any]], rounds: int = 20) -> tuple[float, float]:
+    """Microseconds per turn of `WORST_CASES` and of ordinary turns of the same length (the
+    rows' texts run together), with the same history; best of `rounds`."""
+    classifier = KeywordClassifier()
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    prose = " ".join(r["text"] for r in rows) * 20
+    ordinary = [prose[i * 97 : i * 97 + len(t)] for i, t in enumerate(WORST_CASES)]
+    timings = []
+    for texts in (WORST_CASES, ordinary):
+        best = math.inf
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for text in texts:
+                classifier.classify(text, history)
+            best = min(best, time.perf_counter() - started)
+        timings.append(best / len(texts) * 1e6)
+    return timings[0], timings[1]
+
+
 def keyword_predictions(rows: Iterable[dict[str, Any]]) -> tuple[list[str], float]:
     classifier = KeywordClassifier()
     started = time.perf_counter()
@@ -143,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     results = [report("keyword", rows, predicted)]
     print(show(results[0]))
     print(f"  {took / len(rows) * 1e6:.0f} us per turn")
+    worst, ordinary = worst_case_ratio(rows)
+    results[0]["worst_case_us"], results[0]["same_length_us"] = round(worst), round(ordinary)
+    print(
+        f"  turns built to backtrack: {worst:.0f} us per turn, ordinary turns of the same "
+        f"length {ordinary:.0f} us ({worst / ordinary:.1f}x)"
+    )
     if args.errors:
         for row, label in zip(rows, predicted, strict=True):
             if label != row["label"]:

@@ -4,12 +4,12 @@ what an LLM answers."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
 from policies.intent import (
+    CLASSIFY_CHARS,
     Intent,
     KeywordClassifier,
     llm_request,
@@ -102,11 +102,14 @@ def test_corrections_complaints_and_remarks() -> None:
     assert classify("my cat just knocked my coffee over").label == "chitchat"
 
 
-def test_an_opener_repeated_across_a_long_turn_is_read_quickly() -> None:
-    started = time.perf_counter()
-    for text in ("thanks for the " * 150, "ok, " * 500 + "x", "hi there, " * 200 + "?"):
-        classify(text, HISTORY)
-    assert time.perf_counter() - started < 0.5
+def test_a_long_turn_is_classified_by_its_beginning() -> None:
+    """What a turn asks is in its first lines: the rules read `CLASSIFY_CHARS` of it, so a
+    long paste costs what any turn does (timed against ordinary turns, with turns built to
+    make a pattern backtrack, by bench/intent_eval.py)."""
+    for text in ("what is rust? " + "ok, " * 5_000, "thanks for the " * 150 + "what is rust?"):
+        assert classify(text, HISTORY) == classify(text[:CLASSIFY_CHARS], HISTORY)
+    assert classify("what is rust? " + "ok, " * 5_000, HISTORY).label == "question"
+    assert classify("thanks for the " * 150, HISTORY).label == "feedback"
 
 
 def test_the_result_object_has_every_field_of_the_design() -> None:
