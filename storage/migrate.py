@@ -18,6 +18,11 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # Pauses between tries of a database that cannot be reached yet: doubling, at most this.
 FIRST_PAUSE = 0.5
 MAX_PAUSE = 5.0
+# How long one try may wait for the database's answer (asyncpg's own default is 60 s, which
+# a host that takes the connection and says nothing would hold whatever the wait): at most
+# this, and no longer than what is left of the wait (at least MIN_TRY).
+TRY_SECONDS = 10.0
+MIN_TRY = 1.0
 # SQLSTATEs of a server that is there but not taking connections yet: the connection
 # exception class (08...) and "the database system is starting up" (57P03).
 _NOT_YET = ("08", "57P03")
@@ -25,11 +30,14 @@ _NOT_YET = ("08", "57P03")
 Waiting = Callable[[int, float, str], None]
 
 
-def alembic_config(url: str) -> AlembicConfig:
+def alembic_config(url: str, connect_timeout: float = TRY_SECONDS) -> AlembicConfig:
+    """Alembic's configuration for `url`; migrations/env.py gives the driver `connect_timeout`
+    seconds to connect."""
     config = AlembicConfig()
     config.set_main_option("script_location", str(MIGRATIONS))
     # ConfigParser interpolation would read a '%' in a password as a placeholder.
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.attributes["connect_timeout"] = connect_timeout
     return config
 
 
@@ -48,11 +56,12 @@ def upgrade(
     attempt = 0
     while True:
         attempt += 1
+        connect_timeout = min(TRY_SECONDS, max(MIN_TRY, deadline - time.monotonic()))
         try:
-            command.upgrade(alembic_config(url), revision)
+            command.upgrade(alembic_config(url, connect_timeout), revision)
             return
         except (DBAPIError, OSError) as exc:
-            reason = _reason(exc)
+            reason = _reason(exc, connect_timeout)
             left = deadline - time.monotonic()
             if not _unreachable(exc) or left <= 0:
                 tried = f" (tried {attempt} times)" if attempt > 1 else ""
@@ -88,9 +97,12 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return found
 
 
-def _reason(exc: BaseException) -> str:
-    """The driver's own words: the innermost error's first line."""
-    innermost = _chain(exc)[-1]
+def _reason(exc: BaseException, connect_timeout: float) -> str:
+    """The driver's own words: the innermost error's first line (a timeout has none)."""
+    chain = _chain(exc)
+    if any(isinstance(link, TimeoutError) for link in chain):
+        return f"no answer within {connect_timeout:g} s"
+    innermost = chain[-1]
     text = str(innermost).strip().splitlines()
     return text[0] if text else type(innermost).__name__
 

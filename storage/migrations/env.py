@@ -56,8 +56,9 @@ def _run_sqlite(url: str) -> None:
         engine.dispose()
 
 
-async def _run_async(url: str) -> None:
-    engine = create_async_engine(url)
+async def _run_async(url: str, connect_timeout: float | None) -> None:
+    options = {} if connect_timeout is None else {"connect_args": {"timeout": connect_timeout}}
+    engine = create_async_engine(url, **options)
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)
@@ -78,4 +79,4 @@ else:
     if _url.startswith("sqlite"):
         _run_sqlite(_url)
     else:
-        asyncio.run(_run_async(_url))
+        asyncio.run(_run_async(_url, context.config.attributes.get("connect_timeout")))

@@ -3,6 +3,9 @@ at once, and either way one line says why, without the URL's password."""
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
 from storage import migrate
@@ -45,3 +48,27 @@ def test_a_sqlite_file_that_cannot_be_opened_is_one_line() -> None:
     with pytest.raises(StorageUnavailable) as info:
         migrate.upgrade(url, wait_seconds=60)
     assert str(info.value) == f"{url}: unable to open database file"
+
+
+def test_a_database_that_accepts_but_never_answers_is_given_up_on_when_the_wait_ends() -> None:
+    """A host that takes the connection and says nothing (a server hung, a proxy in front of
+    none): each try is cut at what is left of the wait, not the driver's own 60 s."""
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody answers
+    url = f"postgresql+asyncpg://memproxy@127.0.0.1:{silent.getsockname()[1]}/m"
+    outcome: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            migrate.upgrade(url, wait_seconds=1.0)
+        except BaseException as exc:  # (what the test checks)
+            outcome.append(exc)
+
+    trying = threading.Thread(target=start, daemon=True)
+    try:
+        trying.start()
+        trying.join(timeout=30)  # a hang guard: the driver's own timeout is 60 s
+        assert not trying.is_alive(), "still waiting for the first answer"
+    finally:
+        silent.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], StorageUnavailable)
+    assert str(outcome[0]) == f"{url}: no answer within 1 s"
