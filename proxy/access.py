@@ -7,6 +7,7 @@ request's `RequestInfo`.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 import structlog
 from litestar.enums import ScopeType
-from litestar.types import Message, Scope
+from litestar.types import Message, Receive, Scope
 
 log = structlog.get_logger("memproxy.access")
 _STATE_KEY = "memproxy"
@@ -48,6 +49,27 @@ class RequestInfo:
             self.outcome = "error"
         elif status >= 400:
             self.outcome = "refused"
+
+
+class ClientWatch:
+    """Whether a client closed its connection while its reply was being prepared. A whole
+    reply has nothing to send until it is ready (and sending to a closed connection fails
+    silently), so its client leaving is seen only in what the connection says next, once the
+    request's body has been read: the server's `http.disconnect`."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._next = asyncio.ensure_future(receive())
+
+    def end(self, info: RequestInfo) -> None:
+        """Stop watching; a client gone by now is what the access line says."""
+        if (
+            self._next.done()
+            and not self._next.cancelled()
+            and self._next.exception() is None
+            and self._next.result()["type"] == "http.disconnect"
+        ):
+            info.outcome = "client_disconnected"
+        self._next.cancel()
 
 
 def request_info(scope: Scope | dict[str, Any]) -> RequestInfo:

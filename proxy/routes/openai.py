@@ -10,7 +10,7 @@ from litestar.di import NamedDependency
 from litestar.enums import HttpMethod
 from litestar.params import FromPath
 
-from proxy.access import request_info
+from proxy.access import ClientWatch, request_info
 from proxy.auth import Principal
 from proxy.completions import chat_completion
 from proxy.errors import NotFound
@@ -42,7 +42,13 @@ async def chat_completions(
             param="model",
             code="model_not_found",
         )
-    return await chat_completion(request, principal, services, body)
+    if info.stream:  # (a stream notices its client leaving as it relays)
+        return await chat_completion(request, principal, services, body)
+    watch = ClientWatch(request.receive)
+    try:
+        return await chat_completion(request, principal, services, body)
+    finally:
+        watch.end(info)
 
 
 @get("/v1/models", opt=CHAT, summary="List models")

@@ -3,19 +3,24 @@ says so, and never an API key (the tenant's or the upstream's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from tests.fakes.openai_upstream import FakeOpenAI, error_reply
+from tests.fakes.openai_upstream import FakeOpenAI, error_reply, model_said
 from tests.fakes.server import ServerThread
-from tests.processes import ROOT, spawn, stop, wait_ready
+from tests.processes import ROOT, Replica, spawn, stop, wait_ready
 
 KEY = "sk-tenant-key-0123456789"
 UPSTREAM_KEY = "sk-upstream-key-9876543210"
@@ -156,3 +161,76 @@ warnings.warn("deprecated thing")
         ("py.warnings", lines[-1]["event"]),
     ]
     assert "deprecated thing" in lines[-1]["event"] and "PIN" not in done.stderr
+
+
+def test_a_client_that_leaves_before_its_whole_reply_is_logged_as_gone(tmp_path: Path) -> None:
+    """A whole reply has nothing to send until it is ready, so nothing fails when its client
+    has gone: the reply is still stored, and the access line says the client left."""
+    fake = FakeOpenAI()
+    fake.script.append(dataclasses.replace(model_said("Kept anyway."), hold=True))
+    with ServerThread(fake) as upstream:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"},
+                    "upstreams": {"main": {"kind": "openai", "base_url": upstream.url + "/v1"}},
+                    "tenants": {"t1": {"api_keys": [KEY], "upstream": "main"}},
+                }
+            )
+        )
+        replica = spawn("gone", config, tmp_path, log_level="info", log_format="json")
+        try:
+            wait_ready(replica)
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            with socket.create_connection(("127.0.0.1", replica.port)) as client:
+                client.sendall(
+                    "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+                    f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+                    "x-memory-user-id: alice\r\nx-memory-conversation-id: left\r\n"
+                    f"content-length: {len(body)}\r\n\r\n{body}".encode()
+                )
+                until(lambda: len(fake.chat_requests) == 1, "the request reached the upstream")
+            fake.release.set()
+            until(lambda: access_lines(replica), "the access line")
+            headers = {"authorization": f"Bearer {KEY}"}
+            stored = httpx.get(
+                replica.url + "/memory/conversations/left/messages", headers=headers, timeout=30
+            )
+            answered = httpx.post(
+                replica.url + "/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "still there"}]},
+                headers=headers,
+                timeout=30,
+            )
+            assert answered.status_code == 200
+        finally:
+            stop(replica)
+    reply = stored.json()["data"][-1]
+    assert (reply["role"], reply["content"], reply["status"]) == (
+        "assistant",
+        "Kept anyway.",
+        "complete",
+    )
+    gone, waited = access_lines(replica)
+    assert (gone["status"], gone["outcome"]) == (200, "client_disconnected")
+    assert (waited["status"], waited["outcome"]) == (200, "ok")
+
+
+def access_lines(replica: Replica) -> list[dict[str, Any]]:
+    """The chat completions' access lines a JSON-logging replica wrote so far."""
+    lines = [json.loads(line) for line in replica.log.read_text().splitlines() if line.strip()]
+    return [
+        line
+        for line in lines
+        if line["event"] == "request" and line["path"] == "/v1/chat/completions"
+    ]
+
+
+def until(check: Callable[[], object], what: str) -> None:
+    """Poll `check` (another process's or thread's doing), bounded by attempts, not a clock."""
+    for _ in range(1_000):
+        if check():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"never happened: {what}")
