@@ -46,6 +46,9 @@ SQLITE_PRAGMAS = (
     "PRAGMA busy_timeout=10000",  # another process (e.g. `memproxy migrate`) holding the file
     "PRAGMA synchronous=NORMAL",  # durable across a process crash; WAL keeps it consistent
     "PRAGMA foreign_keys=ON",
+    # What is deleted is overwritten, not left in the file's free space (an erased user's
+    # words, say); no measurable cost on writes (bench in the README).
+    "PRAGMA secure_delete=ON",
 )
 SQLITE_READERS = 4
 WAL_ATTEMPTS = 20
@@ -111,6 +114,20 @@ class Database:
                 snapshot = await conn.execution_options(isolation_level="REPEATABLE READ")
                 await snapshot.begin()
                 yield _PostgresSnapshot(snapshot)
+
+    async def checkpoint(self) -> bool:
+        """SQLite: copy the write-ahead log into the database and empty it, so it holds no
+        earlier version of what was just deleted; False when a reader still needs part of it
+        (the log is then emptied as writing goes on). PostgreSQL: nothing to do, True."""
+        if not self.is_sqlite:
+            return True
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, self._sqlite_checkpoint)
+
+    def _sqlite_checkpoint(self) -> bool:
+        with _translated(), self._sync.connect() as conn:
+            busy, _, _ = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+            return not busy
 
     async def ping(self) -> None:
         await self.read(lambda conn: conn.execute(text("SELECT 1")))

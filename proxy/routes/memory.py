@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import structlog
 from litestar import Request, Response, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
@@ -30,7 +31,10 @@ from storage.repositories.erasures import Erasures
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
 from storage.repositories.summaries import Summaries
+from storage.repositories.system import SystemRepository
 from storage.repositories.vectors import MessageVectors
+
+log = structlog.get_logger("memproxy.memory")
 
 MANAGE = {"scope": "manage"}
 MAX_PAGE = 100
@@ -363,6 +367,7 @@ async def delete_user(
         vectors = MessageVectors(conn).delete_user(tenant, user_id)
         attachments = Attachments(conn).delete_user(tenant, user_id)
         counts = Conversations(conn).delete_user(tenant, user_id)
+        SystemRepository(conn).drop_deleted_from_search()  # (nor their words in the index)
         return {
             **counts,
             "attachments": attachments,
@@ -373,6 +378,8 @@ async def delete_user(
         }
 
     counts = await services.db.write(work)
+    if not await services.db.checkpoint():  # (nor an earlier copy in SQLite's log)
+        log.info("erasure_log_kept", reason="a reader still uses it; emptied as writes go on")
     counts["spilled"] = await services.spill.forget(principal.tenant_id, user_id)
     if services.vectors is not None:
         services.vectors.forget(principal.tenant_id, user_id)

@@ -1,5 +1,5 @@
 """System tasks that span tenants on purpose: readiness, the crash sweeper, counter pruning,
-and the job queue's claiming and settling.
+the job queue's claiming and settling, and rewriting the search index after an erasure.
 
 This is the one repository whose queries do not take a tenant; nothing here returns tenant
 content."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, or_, select, update
+from sqlalchemy import Connection, and_, delete, or_, select, text, update
 
 from storage.models import EXCHANGES, JOBS, USAGE_COUNTERS
 from storage.records import JobRecord
@@ -26,6 +26,14 @@ SWEPT = "abandoned: the proxy stopped mid-exchange"
 class SystemRepository:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+
+    def drop_deleted_from_search(self) -> None:
+        """SQLite: rewrite the full-text index without what deleted messages left in it (FTS5
+        keeps a deleted row's words in its segments, marked deleted, until they merge). The
+        whole index, every tenant's: about 0.2 s for 27,600 messages. PostgreSQL's index
+        entries go with their rows: nothing to do."""
+        if self.conn.dialect.name == "sqlite":
+            self.conn.execute(text("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')"))
 
     def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
         """Mark exchanges a crashed process left `in_progress` as `incomplete`."""

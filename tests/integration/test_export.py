@@ -11,6 +11,7 @@ import socket
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +31,7 @@ from storage.repositories.vectors import MessageVectors, NewVector
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
+from tests.polling import eventually
 from tests.postgres import start_server
 
 
@@ -293,6 +295,39 @@ async def test_after_an_erasure_no_row_anywhere_holds_the_user_id(
     assert alice == []
     assert "exchanges.user_id" in bob and "memories.user_id" in bob  # (the scan finds ids)
     assert erased
+
+
+async def test_after_an_erasure_no_sqlite_file_holds_the_users_words(
+    proxy_url: str, api: httpx.AsyncClient
+) -> None:
+    """Below the rows: deleted content is overwritten, not left in free space, the full-text
+    index is rewritten without it, and the write-ahead log is emptied."""
+    secret, kept = "zanzibarquux", "kumquatelle"
+    await chat(proxy_url, "alice", f"my passphrase is {secret}")
+    imported = [{"role": "user", "content": f"{secret} again, line {n}"} for n in range(3)]
+    created = await api.post(
+        "/memory/conversations", json={"id": "trip", "user": "alice", "messages": imported}
+    )
+    assert created.status_code == 201, created.text
+    for n in range(12):  # (the index merges its segments as they accumulate)
+        await chat(proxy_url, "bob", f"{kept} number {n}")
+    files = [Path("memproxy.db"), Path("memproxy.db-wal")]
+
+    async def stored() -> bool:
+        found = await api.get("/memory/conversations", params={"user": "alice"})
+        chats = [c["id"] for c in found.json()["data"] if c["id"] != "trip"]
+        listed = await api.get(f"/memory/conversations/{chats[0]}/messages")
+        return len(listed.json()["data"]) == 2 and secret.encode() in files[1].read_bytes()
+
+    await eventually(stored, "alice's reply is stored")  # (after its response)
+    assert (await api.delete("/memory/users/alice")).status_code == 200
+
+    holding = {f.name: f.read_bytes().count(secret.encode()) for f in files if f.exists()}
+    assert set(holding.values()) == {0}, holding
+    assert sum(kept.encode() in f.read_bytes() for f in files if f.exists()) >= 1  # (it scans)
+    # What was left is whole: bob's turns are found, and his history is there.
+    recalled = await chat(proxy_url, "bob", f"what about {kept}?")
+    assert recalled
 
 
 def export_holds_a_snapshot(database_url: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from proxy.config import (
 from tests.conftest import KEY, OTHER_TENANT_KEY
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
+from tests.polling import eventually
 from tests.processes import kill, spawn, stop, wait_ready
 
 MEMORY_MODEL = "memory-model"
@@ -119,16 +120,6 @@ class Proxy:
     async def close(self) -> None:
         await self.sdk.close()
         await self.http.aclose()
-
-
-async def eventually(check: Callable[[], Awaitable[Any]]) -> Any:
-    """Wait for a background job's effect: `check()` until it returns something (a generous
-    limit only turns a hang into a failure)."""
-    for _ in range(3000):
-        if found := await check():
-            return found
-        await asyncio.sleep(0.02)
-    raise AssertionError("the background work did not happen")
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import yaml
 
 from tests.fakes.openai_upstream import FakeOpenAI, error_reply, model_said
 from tests.fakes.server import ServerThread
+from tests.polling import until
 from tests.processes import ROOT, Replica, spawn, stop, wait_ready
 
 KEY = "sk-tenant-key-0123456789"
@@ -225,12 +224,3 @@ def access_lines(replica: Replica) -> list[dict[str, Any]]:
         for line in lines
         if line["event"] == "request" and line["path"] == "/v1/chat/completions"
     ]
-
-
-def until(check: Callable[[], object], what: str) -> None:
-    """Poll `check` (another process's or thread's doing), bounded by attempts, not a clock."""
-    for _ in range(1_000):
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"never happened: {what}")

@@ -7,9 +7,8 @@ fake upstream's recorded requests.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -21,6 +20,7 @@ from proxy.config import Config, ContextSettings, TenantConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, error_reply, sse
 from tests.fakes.server import ServerThread
+from tests.polling import eventually
 
 MODEL = "gpt-4o-mini"
 ServeProxy = Callable[[Config], str]
@@ -99,17 +99,6 @@ def sent(stored: list[Message]) -> list[Message]:
     """Stored messages in the shape a chat request carries them."""
     keys = ("role", "content", "name", "tool_calls", "tool_call_id")
     return [{k: m[k] for k in keys if k in m} for m in stored]
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str) -> Any:
-    """Poll `check` (state another thread writes) until it returns something truthy; bounded
-    by a number of attempts, not by a clock."""
-    for _ in range(500):
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ summariser leaves plain truncation, recorded, and never fails the chat."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -26,6 +25,7 @@ from proxy.config import (
 from tests.conftest import KEY
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, model_said
 from tests.fakes.server import ServerThread
+from tests.polling import eventually
 
 SUMMARY_MODEL = "summary-model"
 PRICES = {SUMMARY_MODEL: PriceConfig(input_per_mtok=1, output_per_mtok=2)}
@@ -106,14 +106,6 @@ class Client:
             return found[0] if found and found[0]["status"] in until else None
 
         return await eventually(ended)
-
-
-async def eventually(check: Callable[[], Awaitable[Any]]) -> Any:
-    for _ in range(1500):
-        if found := await check():
-            return found
-        await asyncio.sleep(0.02)
-    raise AssertionError("the background work did not happen")
 
 
 def sections(sent: list[dict[str, Any]]) -> list[str]:
