@@ -117,12 +117,16 @@ class Database:
 
     async def checkpoint(self) -> bool:
         """SQLite: copy the write-ahead log into the database and empty it, so it holds no
-        earlier version of what was just deleted; False when a reader still needs part of it
-        (the log is then emptied as writing goes on). PostgreSQL: nothing to do, True."""
+        earlier version of what was just deleted; False when a reader still needs part of it,
+        or the file is busy (the log is then emptied as writing goes on). PostgreSQL: nothing
+        to do, True."""
         if not self.is_sqlite:
             return True
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._writer, self._sqlite_checkpoint)
+        try:
+            return await loop.run_in_executor(self._writer, self._sqlite_checkpoint)
+        except StorageError:
+            return False
 
     def _sqlite_checkpoint(self) -> bool:
         with _translated(), self._sync.connect() as conn:

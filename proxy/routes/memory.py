@@ -379,7 +379,7 @@ async def delete_user(
 
     counts = await services.db.write(work)
     if not await services.db.checkpoint():  # (nor an earlier copy in SQLite's log)
-        log.info("erasure_log_kept", reason="a reader still uses it; emptied as writes go on")
+        log.info("erasure_log_kept", reason="a reader or the file busy; emptied as writes go on")
     counts["spilled"] = await services.spill.forget(principal.tenant_id, user_id)
     if services.vectors is not None:
         services.vectors.forget(principal.tenant_id, user_id)
