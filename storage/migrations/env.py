@@ -9,25 +9,17 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from storage.migrate import modelled
 from storage.models import Base
 
 # Any fixed number: replicas starting together take turns on it (PostgreSQL only).
 MIGRATION_LOCK_ID = 727_274_001
 
 
-# Search structures the models do not describe (made by hand in migrations 0004 and 0008).
-UNMODELLED = (
-    "messages_fts",
-    "ix_messages_search",
-    "attachment_chunks_fts",
-    "ix_attachment_chunks_search",
-)
-
-
 def _modelled(
     obj: object, name: str | None, kind: str, reflected: bool, compare_to: object
 ) -> bool:
-    return not (name or "").startswith(UNMODELLED)
+    return modelled(name)
 
 
 def _run(connection: Connection) -> None:

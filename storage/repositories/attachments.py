@@ -3,7 +3,8 @@
 Search works like the messages' (storage/repositories/search.py): SQLite, FTS5 with BM25 over
 `attachment_chunks_fts`, each chunk carrying a token that names its attachment so a query reads
 only the postings of the attachments asked about; PostgreSQL, the English tsvector of the
-chunk's text (GIN-indexed), ranked with `ts_rank_cd`. Triggers (migration 0008) keep the FTS5
+chunk's text (stored, `search_vector`, and GIN-indexed: migration 0017), ranked with
+`ts_rank_cd`. Triggers (migration 0008) keep the FTS5
 index in step with every insert and delete. Every call takes the tenant.
 """
 
@@ -66,10 +67,10 @@ _SQLITE = text(
 ).bindparams(bindparam("attachments", expanding=True))
 _POSTGRESQL = text(
     "SELECT k.pk, k.attachment_pk, k.seq, "
-    "ts_rank_cd(to_tsvector('english', k.text), q) AS score "
+    "ts_rank_cd(k.search_vector, q) AS score "
     "FROM attachment_chunks k, to_tsquery('english', :query) q "
     "WHERE k.tenant_id = :tenant AND k.attachment_pk IN :attachments "
-    "AND to_tsvector('english', k.text) @@ q "
+    "AND k.search_vector @@ q "
     "ORDER BY score DESC, k.attachment_pk, k.seq LIMIT :limit"
 ).bindparams(bindparam("attachments", expanding=True))
 

@@ -1,12 +1,14 @@
 """Full-text search over a user's stored messages, in the database itself.
 
 SQLite: FTS5 with BM25 ranking (`messages_fts`, porter stemming); PostgreSQL: the English
-tsvector of `search_text`, GIN-indexed, ranked with `ts_rank_cd`. Both are kept in sync with the
-messages (migration 0004): an edit or a delete changes what is found at once.
+tsvector of `search_text`, stored (`search_vector`, generated) and GIN-indexed, ranked with
+`ts_rank`. Both are kept in sync with the messages (migrations 0004 and 0017): an edit or a
+delete changes what is found at once.
 
 Every search takes the tenant and the user; `conversation_pk` narrows it to one conversation
 (what an anonymous user gets). The query is a set of plain terms (letters and digits only),
-ORed: any of them may match, and the ranking rewards those that match more and rarer ones.
+ORed: any of them may match, and the ranking rewards the rows that hold more of them (and, on
+SQLite, rarer ones: `ts_rank` knows nothing of how many rows hold a word).
 """
 
 from __future__ import annotations
@@ -102,17 +104,22 @@ _SQLITE_IN_CONVERSATION = text(
     "AND m.status = 'complete' AND m.conversation_pk = :conversation "
     "ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
 )
+# The stored tsvector (migration 0017): ranking a row does not parse its text again. `ts_rank`
+# (term frequency), not `ts_rank_cd` (cover density): about 0.4 against 10 us a row (a name in
+# most turns makes a thousand rows match), and within a question of it on LoCoMo's tuning
+# conversations (README, Recall). Ties go to the newer message: the same hits every time.
 _POSTGRESQL = text(
-    "SELECT m.pk, m.conversation_pk, m.seq, "
-    "ts_rank_cd(to_tsvector('english', coalesce(m.search_text, '')), q) AS score "
+    "SELECT m.pk, m.conversation_pk, m.seq, ts_rank(m.search_vector, q) AS score "
     "FROM messages m, to_tsquery('english', :query) q "
     "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
-    "AND to_tsvector('english', coalesce(m.search_text, '')) @@ q "
+    "AND m.search_vector @@ q "
     "AND (CAST(:conversation AS BIGINT) IS NULL OR m.conversation_pk = :conversation) "
-    "ORDER BY score DESC LIMIT :limit"
+    "ORDER BY score DESC, m.pk DESC LIMIT :limit"
 )
-# The hits' neighbours: one statement for every range of seq (a JSON array of
-# [conversation pk, first seq, last seq]), each range an index range on (conversation, seq).
+# The hits' neighbours: one statement for every range of seq (conversation pk, first seq, last
+# seq), each range an index range on (conversation, seq). SQLite reads the ranges from a JSON
+# array; PostgreSQL from three arrays, whose length its planner knows (it planned a JSON
+# array's elements as a hundred rows, and scanned the user's whole table for them).
 _AROUND_COLUMNS = (
     "SELECT m.pk, m.conversation_pk, c.id AS conversation_id, m.seq, m.role, "
     "m.search_text AS text, m.tokens, m.created_at "
@@ -130,9 +137,9 @@ _AROUND_SQLITE = text(
     + _AROUND_WHERE
 ).columns(created_at=M.c.created_at.type)
 _AROUND_POSTGRESQL = text(
-    _AROUND_COLUMNS + "FROM jsonb_array_elements(CAST(:ranges AS jsonb)) r JOIN messages m "
-    "ON m.conversation_pk = CAST(r.value ->> 0 AS BIGINT) "
-    "AND m.seq BETWEEN CAST(r.value ->> 1 AS INTEGER) AND CAST(r.value ->> 2 AS INTEGER) "
+    _AROUND_COLUMNS + "FROM unnest(CAST(:conversations AS BIGINT[]), CAST(:firsts AS INTEGER[]), "
+    "CAST(:lasts AS INTEGER[])) AS r(conversation_pk, first_seq, last_seq) JOIN messages m "
+    "ON m.conversation_pk = r.conversation_pk AND m.seq BETWEEN r.first_seq AND r.last_seq "
     + _AROUND_WHERE
 ).columns(created_at=M.c.created_at.type)
 
@@ -258,16 +265,15 @@ class MessageSearch:
                 ranges[-1] = (conversation, ranges[-1][1], max(last, ranges[-1][2]))
             else:
                 ranges.append((conversation, first, last))
-        statement = _AROUND_POSTGRESQL if self.conn.dialect.name == "postgresql" else _AROUND_SQLITE
-        rows = self.conn.execute(
-            statement,
-            {
-                "ranges": json.dumps(ranges),
-                "tenant": tenant_id,
-                "user": user_id,
-                "max_tokens": max_tokens,
-            },
-        )
+        scope = {"tenant": tenant_id, "user": user_id, "max_tokens": max_tokens}
+        if self.conn.dialect.name == "postgresql":
+            conversations, firsts, lasts = zip(*ranges, strict=True)
+            rows = self.conn.execute(
+                _AROUND_POSTGRESQL,
+                {**scope, "conversations": conversations, "firsts": firsts, "lasts": lasts},
+            )
+        else:
+            rows = self.conn.execute(_AROUND_SQLITE, {**scope, "ranges": json.dumps(ranges)})
         return [
             Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows

@@ -3,16 +3,21 @@ sync with inserts, edits and deletes, and scoped to one tenant's user."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, event, text, update
+from alembic import command
+from sqlalchemy import Connection, event, inspect, text, update
 
+from storage import migrate
 from storage.database import Database
 from storage.models import MESSAGES
 from storage.repositories import search as search_module
 from storage.repositories.conversations import Conversations
 from storage.repositories.search import Hit, MessageSearch, searchable_text
+from tests.storage.test_attachments import attach
+from tests.storage.test_attachments import search as search_chunks
 from tests.storage.test_repositories import msg, new_conversation, partial
 
 
@@ -73,10 +78,10 @@ async def indexed(db: Database, word: str) -> int:
     to the messages, so a stale entry would not show there)."""
 
     def work(conn: Connection) -> int:
-        if conn.dialect.name == "postgresql":  # (an index on the table's own column)
+        if conn.dialect.name == "postgresql":  # (the indexed column of the table itself)
             query = (
-                "SELECT count(*) FROM messages WHERE to_tsvector('english', "
-                "coalesce(search_text, '')) @@ plainto_tsquery('english', :word)"
+                "SELECT count(*) FROM messages "
+                "WHERE search_vector @@ plainto_tsquery('english', :word)"
             )
             return int(conn.execute(text(query), {"word": word}).scalar_one())
         query = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH :q"
@@ -125,6 +130,78 @@ async def test_hostile_terms_are_ignored_not_executed(db: Database) -> None:
     for term in ['" OR 1=1 --', "words*", "NEAR(plain words)", "a|b", "x'); DROP TABLE"]:
         assert await search(db, [term]) == []
     assert len(await search(db, ["words", '"; --'])) == 1
+
+
+async def test_migration_0017_finds_what_was_stored_before_it_down_and_up_again(
+    database_url: str,
+) -> None:
+    """On PostgreSQL the messages and chunks stored before it get their stored tsvector (and
+    its index in place of the expression index); on SQLite it changes nothing."""
+
+    async def in_database(work: Any) -> Any:
+        db = Database(database_url)  # one per schema: PostgreSQL's cached plans do not survive it
+        try:
+            return await work(db)
+        finally:
+            await db.dispose()
+
+    async def found(db: Database) -> tuple[list[str], int]:
+        pks = await db.read(lambda c: [r[0] for r in c.execute(text("SELECT pk FROM attachments"))])
+        return await found_texts(db, ["zebra"]), len(await search_chunks(db, pks, ["zebra"]))
+
+    def search_structures(conn: Connection) -> set[str]:
+        inspector = inspect(conn)
+        return {
+            f"{table}.{name}"
+            for table in ("messages", "attachment_chunks")
+            for name in [c["name"] for c in inspector.get_columns(table)]
+            + [str(i["name"]) for i in inspector.get_indexes(table)]
+            if "search" in name
+        }
+
+    async def stored_before(db: Database) -> None:
+        await new_conversation(db, "c1", [msg("user", "a zebra crossing")])
+        await attach(db, "c1", [("zebra stripes, chunk one", 5), ("plain chunk two", 3)])
+
+    await asyncio.to_thread(migrate.upgrade, database_url, "0016")
+    await in_database(stored_before)
+    before = await in_database(lambda db: db.read(search_structures))
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    assert await in_database(found) == (["a zebra crossing"], 1)
+    after = await in_database(lambda db: db.read(search_structures))
+    await asyncio.to_thread(command.downgrade, migrate.alembic_config(database_url), "0016")
+    assert await in_database(lambda db: db.read(search_structures)) == before
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    assert await in_database(found) == (["a zebra crossing"], 1)
+    if database_url.startswith("postgresql"):
+        assert after - before == {
+            "messages.search_vector",
+            "messages.ix_messages_search_vector",
+            "attachment_chunks.search_vector",
+            "attachment_chunks.ix_attachment_chunks_search_vector",
+        }
+        assert before - after == {
+            "messages.ix_messages_search",
+            "attachment_chunks.ix_attachment_chunks_search",
+        }
+    else:
+        assert after == before
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_equal_scores_go_to_the_newer_message_every_time(
+    db: Database,
+) -> None:
+    await new_conversation(db, "c1", [msg("user", "the heron again"), msg("assistant", "ok")])
+    await new_conversation(db, "c2", [msg("user", "the heron again")])
+    await new_conversation(db, "c3", [msg("user", "the heron again, the heron")])
+    hits = [await search(db, ["heron"]) for _ in range(3)]
+    assert hits[0] == hits[1] == hits[2]
+    texts = await db.read(
+        lambda c: {f.pk: f.conversation_id for f in MessageSearch(c).around("t1", "alice", hits[0])}
+    )
+    # "heron" twice ranks first; then the two equal ones, the newer first.
+    assert [texts[h.pk] for h in hits[0]] == ["c3", "c2", "c1"]
 
 
 def same(found: list[Hit], expected: list[Hit]) -> bool:
