@@ -29,9 +29,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import (
     DBAPIError,
-    DisconnectionError,
     IntegrityError,
     InterfaceError,
+    InvalidatePoolError,
     OperationalError,
     SQLAlchemyError,
 )
@@ -55,10 +55,10 @@ SQLITE_READERS = 4
 WAL_ATTEMPTS = 20
 # PostgreSQL: a pooled connection idle longer than this is checked before use. The check is
 # three round trips (asyncpg's ping: BEGIN, an empty statement, ROLLBACK), so checking on every
-# use, as `pool_pre_ping` does, cost a request about 2.5 ms (four transactions); a connection
-# used this recently is alive unless the server restarted since, and then the statement fails
-# (the turn is answered degraded, as in any outage) and the pool replaces every connection
-# older than the failure.
+# use, as `pool_pre_ping` does, cost a turn with memory on 1.6-1.9 ms (its four transactions).
+# A connection used this recently is alive unless the server restarted since: then the units
+# of work holding or taking such a connection before the first failure fail, as in any outage
+# (README: PostgreSQL: pooled connections), and the pool replaces every older connection.
 IDLE_CHECK_SECONDS = 2.0
 
 
@@ -254,15 +254,16 @@ def _postgres_checked_in(_: DBAPIConnection | None, record: ConnectionPoolEntry)
 def _postgres_checked_out(
     dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry, _: object
 ) -> None:
-    """Check a connection idle longer than IDLE_CHECK_SECONDS; a dead one is replaced (the
-    pool tries again with a new connection when a checkout raises DisconnectionError)."""
+    """Check a connection idle longer than IDLE_CHECK_SECONDS. A dead one means the server
+    went away since: the pool replaces it and every other connection it holds (some were used
+    too recently to be checked), then tries again with a new one."""
     idle_since = record.info.get("idle_since")
     if idle_since is None or time.monotonic() - idle_since <= IDLE_CHECK_SECONDS:
         return  # (new, or used a moment ago)
     try:
         dbapi_connection.ping()
     except Exception as exc:
-        raise DisconnectionError(f"a pooled connection was closed: {exc}") from exc
+        raise InvalidatePoolError(f"a pooled connection was closed: {exc}") from exc
 
 
 def _sqlite_on_connect(dbapi_connection: DBAPIConnection, _: ConnectionPoolEntry) -> None:

@@ -4,8 +4,8 @@ Search works like the messages' (storage/repositories/search.py): SQLite, FTS5 w
 `attachment_chunks_fts`, each chunk carrying a token that names its attachment so a query reads
 only the postings of the attachments asked about; PostgreSQL, the English tsvector of the
 chunk's text (stored, `search_vector`, and GIN-indexed: migration 0017), ranked with
-`ts_rank_cd`. Triggers (migration 0008) keep the FTS5
-index in step with every insert and delete. Every call takes the tenant.
+`ts_rank_cd`. Triggers (migration 0008) keep the FTS5 index in step with every insert and
+delete. Every call takes the tenant.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """PostgreSQL's pooled connections across a server restart: a connection idle longer than
-IDLE_CHECK_SECONDS is checked before use and replaced when dead; one used more recently is
-not checked (that check cost every transaction three round trips), so a restart within that
-time fails one unit of work, and the pool then replaces every connection it held."""
+IDLE_CHECK_SECONDS is checked before use, and a dead one renews the whole pool; one used more
+recently is not checked (that check cost every transaction three round trips), so after a
+restart within that time the unit of work that meets it fails, and the pool then replaces
+every connection it held."""
 
 from __future__ import annotations
 
@@ -54,5 +55,25 @@ async def test_a_connection_used_a_moment_ago_is_not_checked_and_one_failure_ren
         # That failure replaced the pool's other connection too.
         assert await db.read(answer) == 42
         assert await db.write(answer) == 42
+    finally:
+        await db.dispose()
+
+
+async def test_a_dead_idle_connection_renews_the_recently_used_ones_too(
+    own_postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(database_module, "IDLE_CHECK_SECONDS", 5.0)  # longer than a restart
+    db = Database(own_postgres.url("postgres"))
+    try:
+        async with db.snapshot() as first, db.snapshot() as second:
+            assert await first.read(answer) == 42 and await second.read(answer) == 42
+        await asyncio.sleep(5.2)
+        assert await db.read(answer) == 42  # one of the two (the pool hands out the oldest)
+        await restarted(own_postgres)
+        # The other one is idle (checked: dead) and comes first; the one just used is not
+        # checked, and would meet the closed connection had finding the first dead not
+        # replaced it too.
+        assert await db.read(answer) == 42
+        assert await db.read(answer) == 42
     finally:
         await db.dispose()
