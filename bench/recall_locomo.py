@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.tokens import count_message
 from proxy.app import create_app
@@ -59,6 +58,7 @@ from proxy.config import (
 )
 from proxy.logs import configure_logging
 from proxy.offline import prepare_offline_environment
+from storage.database import Database
 from tests.fakes.openai_upstream import FakeOpenAI, concept_embedding
 from tests.fakes.server import ServerThread
 
@@ -217,15 +217,13 @@ def analyze(database_url: str | None) -> None:
     if database_url is None or not database_url.startswith("postgresql"):
         return
 
-    async def run() -> None:
-        engine = create_async_engine(database_url)
+    async def run(db: Database) -> None:
         try:
-            async with engine.begin() as conn:
-                await conn.execute(text("ANALYZE"))
+            await db.write(lambda conn: conn.execute(text("ANALYZE")))
         finally:
-            await engine.dispose()
+            await db.dispose()
 
-    asyncio.run(run())
+    asyncio.run(run(Database(database_url)))
 
 
 def latency(
