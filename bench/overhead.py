@@ -14,7 +14,8 @@ sequential and 32 concurrent clients. Sequentially the targets take turns reques
 concurrently they take turns in short segments (every client sends a few requests to one
 target, then the next target), so each target sees its own 32 clients and drift on this noisy
 machine hits all three alike. Every request is the same one-message first turn of an
-anonymous user, so memproxy opens a conversation and stores the turn and the reply each time.
+anonymous user (or of `--user`, whose history then grows and is searched on every turn), so
+memproxy opens a conversation and stores the turn and the reply each time.
 
 With `--baseline-rev REV` (by default the commit that closed the conversation-memory issue)
 a fifth target, memproxy-prev, is memproxy at that revision (memory on), exported with `git
@@ -591,6 +592,8 @@ def targets_for(servers_: dict[str, Server], args: argparse.Namespace) -> list[T
             headers["x-memory-mode"] = "off"
         elif name in ("memproxy", PREVIOUS) and args.memory_mode:
             headers["x-memory-mode"] = args.memory_mode
+        if args.user:
+            headers["x-memory-user-id"] = args.user
         base = servers_[name].url
         if args.client == "httpx":
             pool = args.concurrency * 2
@@ -672,6 +675,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="load generator's HTTP client (httpx costs ~2 ms CPU per request here)",
     )
     parser.add_argument("--memory-mode", choices=["full", "read", "off"], default=None)
+    parser.add_argument("--user", help="a named user for every request (default: anonymous)")
     parser.add_argument(
         "--database-url", help="memproxy's database (default: a fresh SQLite file in a temp dir)"
     )

@@ -29,10 +29,12 @@ _NOT_YET = ("08", "57P03")
 
 Waiting = Callable[[int, float, str], None]
 
-# Search structures the models do not describe (made by hand in migrations 0004, 0008 and
-# 0017; `search_vector` is a column on PostgreSQL only): autogenerate leaves them alone.
+# Search structures the models do not describe (made by hand in migrations 0004, 0008, 0017
+# and 0018; `search_vector` and `message_words` are on PostgreSQL only): autogenerate leaves
+# them alone.
 UNMODELLED = (
     "messages_fts",
+    "message_words",
     "ix_messages_search",
     "attachment_chunks_fts",
     "ix_attachment_chunks_search",

@@ -88,8 +88,9 @@ class Message(Base):
     created_at: Mapped[datetime]
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     # The text full-text search indexes (user and assistant messages only; NULL otherwise).
-    # SQLite: the FTS5 table `messages_fts`, kept in sync by triggers; PostgreSQL: a GIN index
-    # on its tsvector (migration 0004).
+    # SQLite: the FTS5 table `messages_fts`, kept in sync by triggers; PostgreSQL: its tsvector
+    # stored in `search_vector` with a GIN index (migration 0017) and each user's word counts
+    # in `message_words`, kept by triggers (0018); neither is modelled here.
     search_text: Mapped[str | None] = mapped_column(Text)
     # One token naming the (tenant, user) the message belongs to, indexed beside the text on
     # SQLite, so a search reads only that user's postings (storage/repositories/search.py).

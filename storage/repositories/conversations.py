@@ -15,7 +15,7 @@ from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.attachments import Attachments
 from storage.repositories.rows import columns, utc_row
-from storage.repositories.search import scope_token, searchable_text
+from storage.repositories.search import MessageSearch, scope_token, searchable_text
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
@@ -473,6 +473,7 @@ class Conversations:
         messages = self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.user_id == user_id)
         )
+        MessageSearch(self.conn).delete_user(tenant_id, user_id)
         exchanges = self.conn.execute(
             delete(E).where(E.c.tenant_id == tenant_id, E.c.user_id == user_id)
         )

@@ -2,13 +2,13 @@
 
 SQLite: FTS5 with BM25 ranking (`messages_fts`, porter stemming); PostgreSQL: the English
 tsvector of `search_text`, stored (`search_vector`, generated) and GIN-indexed, ranked with
-`ts_rank`. Both are kept in sync with the messages (migrations 0004 and 0017): an edit or a
-delete changes what is found at once.
+`ts_rank`, with each user's word counts (`message_words`). All are kept in sync with the
+messages (migrations 0004, 0017 and 0018): an edit or a delete changes what is found at once.
 
 Every search takes the tenant and the user; `conversation_pk` narrows it to one conversation
 (what an anonymous user gets). The query is a set of plain terms (letters and digits only),
-ORed: any of them may match, and the ranking rewards the rows that hold more of them (and, on
-SQLite, rarer ones: `ts_rank` knows nothing of how many rows hold a word).
+ORed: any of them may match, and the ranking rewards the rows that hold more of them, and
+rarer ones (bm25's idf: SQLite counts over its whole index, PostgreSQL over the user's rows).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
@@ -104,18 +105,60 @@ _SQLITE_IN_CONVERSATION = text(
     "AND m.status = 'complete' AND m.conversation_pk = :conversation "
     "ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
 )
-# The stored tsvector (migration 0017): ranking a row does not parse its text again. `ts_rank`
-# (term frequency), not `ts_rank_cd` (cover density): about 0.4 against 10 us a row (a name in
-# most turns makes a thousand rows match), and within a question of it on LoCoMo's tuning
-# conversations (README, Recall). Ties go to the newer message: the same hits every time.
-_POSTGRESQL = text(
-    "SELECT m.pk, m.conversation_pk, m.seq, ts_rank(m.search_vector, q) AS score "
-    "FROM messages m, to_tsquery('english', :query) q "
-    "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
-    "AND m.search_vector @@ q "
-    "AND (CAST(:conversation AS BIGINT) IS NULL OR m.conversation_pk = :conversation) "
-    "ORDER BY score DESC, m.pk DESC LIMIT :limit"
+# PostgreSQL ranks a row by each of the question's words apart, weighted by bm25's idf over
+# the user's own rows (their counts: `message_words`, migration 0018), since `ts_rank` knows
+# nothing of how many rows hold a word: `ts_rank` of one word is its term frequency,
+# saturating. The sum is divided by what `ts_rank`'s length normalisation (its option 1)
+# divides by, once per row, with the row's distinct words (`length`, kept in the tsvector) for
+# its words (which `ts_rank` counts again on every call). The stored tsvector (migration 0017)
+# is ranked, not the text parsed again; ties go to the newer message: the same hits every time.
+_USER_WORDS = text(
+    "SELECT l.word, coalesce(w.messages, 0) AS messages "
+    "FROM unnest(tsvector_to_array(to_tsvector('english', :words))) AS l(word) "
+    "LEFT JOIN message_words w "
+    "ON w.tenant_id = :tenant AND w.user_id = :user AND w.word = l.word "
+    "UNION ALL SELECT '', messages FROM message_words "
+    "WHERE tenant_id = :tenant AND user_id = :user AND word = ''"
 )
+# A search within one conversation (the anonymous user's, who has no counts kept) counts the
+# conversation's rows instead, when it searches.
+_CONVERSATION_WORDS = text(
+    "SELECT l.word, (SELECT count(*) FROM messages m "
+    "WHERE m.conversation_pk = :conversation AND m.tenant_id = :tenant "
+    "AND m.user_id = :user AND m.search_text IS NOT NULL "
+    "AND tsvector_to_array(m.search_vector) @> ARRAY[l.word]) AS messages "
+    "FROM unnest(tsvector_to_array(to_tsvector('english', :words))) AS l(word) "
+    "UNION ALL SELECT '', count(*) FROM messages WHERE conversation_pk = :conversation "
+    "AND tenant_id = :tenant AND user_id = :user AND search_text IS NOT NULL"
+)
+_ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
+_LOG2_LENGTH = "(ln(CAST(length(m.search_vector) AS FLOAT8) + 1) / ln(2.0))"
+# ...and only the rows holding the question's rarest words, as many as RANKED_ROWS together
+# (`_rarest`), unless those make fewer hits than asked for: a row costs a few microseconds to
+# match and rank, and a user who says a name in every turn has thousands of rows holding it.
+# (SQLite leaves out the rows of frequent words only where bm25's bound proves that changes
+# nothing; the length normalisation leaves `ts_rank` no bound worth having.)
+RANKED_ROWS = 1_000
+
+
+@lru_cache(maxsize=64)
+def _postgresql_ranked(words: int) -> TextClause:
+    """The PostgreSQL search for a question of `words` words (`:q0`... each one's tsquery,
+    `:w0`... its weight), ranking the rows that match `:match`."""
+    score = " + ".join(
+        f"CAST(:w{i} AS FLOAT8) * ts_rank(m.search_vector, CAST(:q{i} AS tsquery))"
+        for i in range(words)
+    )
+    return text(
+        f"SELECT m.pk, m.conversation_pk, m.seq, ({score}) / {_LOG2_LENGTH} AS score "
+        "FROM messages m "
+        "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
+        "AND m.search_vector @@ CAST(:match AS tsquery) "
+        "AND (CAST(:conversation AS BIGINT) IS NULL OR m.conversation_pk = :conversation) "
+        "ORDER BY score DESC, m.pk DESC LIMIT :limit"
+    )
+
+
 # The hits' neighbours: one statement for every range of seq (conversation pk, first seq, last
 # seq), each range an index range on (conversation, seq). SQLite reads the ranges from a JSON
 # array; PostgreSQL from three arrays, whose length its planner knows (it planned a JSON
@@ -162,9 +205,7 @@ class MessageSearch:
         if not words:
             return []
         if self.conn.dialect.name == "postgresql":
-            return self._hits(
-                _POSTGRESQL, " | ".join(words), tenant_id, user_id, limit, conversation_pk
-            )
+            return self._postgresql(words, tenant_id, user_id, limit, conversation_pk)
         scope = scope_token(tenant_id, user_id)
         if conversation_pk is not None:
             query = _sqlite_query(scope, words)
@@ -202,6 +243,64 @@ class MessageSearch:
             return hits
         return None
 
+    def delete_user(self, tenant_id: str, user_id: str) -> None:
+        """PostgreSQL: the user's word counts, once their messages are deleted (their
+        triggers already took each message's words away; this leaves nothing, whatever
+        wrote the table by other means)."""
+        if self.conn.dialect.name == "postgresql":
+            self.conn.execute(_ERASE_WORDS, {"tenant": tenant_id, "user": user_id})
+
+    def _postgresql(
+        self,
+        words: Sequence[str],
+        tenant_id: str,
+        user_id: str,
+        limit: int,
+        conversation_pk: int | None,
+    ) -> list[Hit]:
+        """The PostgreSQL search: each word's `ts_rank` weighted by its idf over the user's
+        rows, the rows holding the `_rarest` words ranked first, the others only when those
+        are not enough."""
+        counting = _USER_WORDS if conversation_pk is None else _CONVERSATION_WORDS
+        found = self.conn.execute(
+            counting,
+            {
+                "words": " ".join(words),
+                "tenant": tenant_id,
+                "user": user_id,
+                "conversation": conversation_pk,
+            },
+        )
+        counts = {word: n for word, n in found}
+        rows = counts.pop("", 0)
+        if rows == 0:  # none stored, or no counts kept (their triggers off): no weights
+            holding, weights = counts, dict.fromkeys(counts, 1.0)
+        else:
+            holding = {w: n for w, n in counts.items() if n > 0}
+            rows = max(rows, *holding.values(), 0)  # (a count can only be off by hand)
+            weights = {w: _idf(rows, n) for w, n in holding.items()}
+        if not holding:
+            return []
+        scope: dict[str, Any] = {
+            "tenant": tenant_id,
+            "user": user_id,
+            "conversation": conversation_pk,
+            "limit": limit,
+        }
+        for i, (word, weight) in enumerate(weights.items()):
+            scope[f"q{i}"], scope[f"w{i}"] = _tsquery([word]), weight
+        statement = _postgresql_ranked(len(weights))
+        rarest = _rarest(holding, RANKED_ROWS)
+        if len(rarest) < len(holding):
+            hits = self._scored(statement, {**scope, "match": _tsquery(rarest)})
+            if len(hits) == limit:
+                return hits
+        return self._scored(statement, {**scope, "match": _tsquery(list(holding))})
+
+    def _scored(self, statement: TextClause, parameters: dict[str, Any]) -> list[Hit]:
+        rows = self.conn.execute(statement, parameters)
+        return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
+
     def _rows_holding(self, words: Sequence[str]) -> dict[str, int]:
         """How many rows of the index (every user's) hold each of `words`, as bm25 counts
         them (as it does for each word of every search)."""
@@ -226,7 +325,7 @@ class MessageSearch:
         limit: int,
         conversation_pk: int | None = None,
     ) -> list[Hit]:
-        rows = self.conn.execute(
+        return self._scored(
             statement,
             {
                 "query": query,
@@ -236,7 +335,6 @@ class MessageSearch:
                 "limit": limit,
             },
         )
-        return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
 
     def around(
         self,
@@ -284,6 +382,24 @@ def _sqlite_query(scope: str, words: Sequence[str]) -> str:
     """An FTS5 query for the rows of one user (`scope_token`) that hold any of `words`."""
     either = " OR ".join(f'"{w}"' for w in words)
     return f'search_scope : "{scope}" AND search_text : ({either})'
+
+
+def _rarest(holding: dict[str, int], most: int) -> list[str]:
+    """The rarest of the words (`holding`: how many rows hold each) held by `most` rows
+    together at most (the rarest one, however many hold it)."""
+    chosen: list[str] = []
+    total = 0
+    for word, n in sorted(holding.items(), key=lambda item: item[1]):
+        total += n
+        if chosen and total > most:
+            break
+        chosen.append(word)
+    return chosen
+
+
+def _tsquery(lexemes: Sequence[str]) -> str:
+    """A tsquery matching any of `lexemes` (already the English configuration's)."""
+    return " | ".join("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in lexemes)
 
 
 def _idf(rows: int, holding: int) -> float:

@@ -316,3 +316,183 @@ async def test_around_reads_every_window_of_every_conversation_in_order(db: Data
     )
     assert len({(f.conversation_id, f.seq) for f in wide}) == len(wide)
     assert await db.read(lambda c: MessageSearch(c).around("t1", "bob", hits)) == []
+
+
+def word_counts(conn: Connection) -> tuple[dict[tuple[str, str, str], int], dict[Any, int]]:
+    """PostgreSQL: `message_words` as kept, and as counted again from the messages."""
+    kept = "SELECT tenant_id, user_id, word, messages FROM message_words"
+    recounted = (
+        "SELECT tenant_id, user_id, word, count(*) FROM (SELECT tenant_id, user_id, "
+        "unnest(array_append(tsvector_to_array(search_vector), '')) AS word FROM messages "
+        "WHERE search_text IS NOT NULL) w GROUP BY tenant_id, user_id, word"
+    )
+    return (
+        {(t, u, w): n for t, u, w, n in conn.execute(text(kept))},
+        {(t, u, w): n for t, u, w, n in conn.execute(text(recounted))},
+    )
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_each_users_word_counts_follow_every_write(db: Database) -> None:
+    async def in_step() -> dict[tuple[str, str, str], int]:
+        kept, recounted = await db.read(word_counts)
+        assert kept == {k: n for k, n in recounted.items() if k[1] != "anonymous"}
+        return kept
+
+    await new_conversation(db, "c1", [msg("user", "Kayaks, kayaks"), msg("assistant", "a kayak")])
+    await new_conversation(db, "c2", [msg("system", "kayak rules"), msg("user", "a glacier")])
+    await new_conversation(db, "c3", [msg("user", "kayak")], user="bob")
+    await new_conversation(db, "c4", [msg("user", "kayak")], tenant="t2")
+    await new_conversation(db, "c5", [msg("user", "kayak")], user="anonymous")
+    counts = await in_step()
+    # Each word counts the messages holding it (not its occurrences, not the system message);
+    # '' counts the user's searchable messages. The anonymous user has none kept.
+    assert {w: n for (t, u, w), n in counts.items() if (t, u) == ("t1", "alice")} == {
+        "": 3,
+        "kayak": 2,
+        "glacier": 1,
+    }
+    assert not [k for k in counts if k[1] == "anonymous"]
+
+    def edit(conn: Connection) -> None:
+        conn.execute(update(MESSAGES).values(status="complete"))  # no word changes
+        conn.execute(
+            update(MESSAGES)
+            .where(MESSAGES.c.search_text == "a glacier")
+            .values(search_text="a kayak again")
+        )
+
+    await db.write(edit)
+    counts = await in_step()
+    assert counts[("t1", "alice", "kayak")] == 3 and ("t1", "alice", "glacier") not in counts
+    assert await db.write(lambda c: Conversations(c).delete("t1", "c1"))
+    assert counts[("t1", "alice", "")] - (await in_step())[("t1", "alice", "")] == 2
+    await db.write(lambda c: c.execute(text("DELETE FROM conversations WHERE id = 'c3'")))
+    assert ("t1", "bob", "kayak") not in await in_step()  # (the messages went by cascade)
+    await new_conversation(db, "c6", [msg("user", "a kayak")], user="bob")
+    await db.write(lambda c: Conversations(c).delete_user("t1", "alice"))
+    # Erased: none of the user's words are left, not even at zero; the others' are untouched.
+    assert set(await in_step()) == {
+        ("t1", "bob", ""),
+        ("t1", "bob", "kayak"),
+        ("t2", "alice", ""),
+        ("t2", "alice", "kayak"),
+    }
+    await db.write(lambda c: c.execute(text("TRUNCATE messages CASCADE")))
+    assert await in_step() == {}
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_concurrent_writes_of_one_user_lose_no_count(db: Database) -> None:
+    await asyncio.gather(
+        *(
+            new_conversation(db, f"c{i}", [msg("user", f"zebra yak {i}"), msg("user", "yak")])
+            for i in range(12)
+        )
+    )
+    kept, recounted = await db.read(word_counts)
+    assert kept == recounted and kept[("t1", "alice", "yak")] == 24
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_a_rare_word_outweighs_a_word_most_rows_hold(db: Database) -> None:
+    # "zed" is in every turn; `ts_rank` alone put the row saying it three times first.
+    turns = [msg("user", f"zed said plain thing {i}") for i in range(8)]
+    turns += [msg("user", "zed zed zed"), msg("user", "a kayak")]
+    await new_conversation(db, "c1", turns)
+    await new_conversation(db, "c2", [msg("user", "a kayak"), msg("user", "a kayak")], user="bob")
+    await new_conversation(db, "c3", turns, user="anonymous")
+
+    async def first_two(**scope: Any) -> list[str]:
+        hits = await search(db, ["zed", "kayak"], limit=3, **scope)
+        user = scope.get("user", "alice")
+        found = await db.read(lambda c: MessageSearch(c).around("t1", user, hits, radius=0))
+        texts = {f.pk: f.text for f in found}
+        return [texts[h.pk] for h in hits][:2]
+
+    assert await first_two() == ["a kayak", "zed zed zed"]
+    # The anonymous user's words are counted in the conversation searched.
+    anonymous = await db.read(lambda c: Conversations(c).get("t1", "c3"))
+    assert anonymous is not None
+    assert await first_two(user="anonymous", conversation_pk=anonymous.pk) == [
+        "a kayak",
+        "zed zed zed",
+    ]
+    # Counts lost by other means than the triggers: found still, unweighted.
+    await db.write(lambda c: c.execute(text("DELETE FROM message_words")))
+    assert await first_two() == ["zed zed zed", "a kayak"]
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_rows_of_only_common_words_are_ranked_when_too_few_others(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = [msg("user", f"zed: plain turn number {i}") for i in range(20)]
+    turns += [msg("user", f"zed: the kayak trip {i}") for i in range(3)]
+    await new_conversation(db, "c1", [*turns, msg("assistant", "a glacier walk")])
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 5)  # "kayak" and "glacier" only
+
+    async def found(limit: int) -> tuple[list[str], list[str]]:
+        """The hits' texts, and what each ranking statement matched."""
+        matched: list[str] = []
+
+        def work(conn: Connection) -> list[str]:
+            def seen(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
+                if "ts_rank" in args[2]:  # (its tsqueries: each word's, and the longest, :match)
+                    matched.append(max((p for p in args[3] if str(p)[:1] == "'"), key=len))
+
+            event.listen(conn, "before_cursor_execute", seen)
+            try:
+                hits = MessageSearch(conn).search(
+                    "t1", "alice", ["zed", "kayak", "glacier"], limit=limit
+                )
+            finally:
+                event.remove(conn, "before_cursor_execute", seen)
+            texts = {f.pk: f.text for f in MessageSearch(conn).around("t1", "alice", hits)}
+            return [texts[h.pk] for h in hits]
+
+        return await db.read(work), matched
+
+    # Four rows hold the rarer words: enough for four hits, not for six.
+    four, matched = await found(4)
+    assert matched == ["'glacier' | 'kayak'"]
+    assert all("kayak" in t or "glacier" in t for t in four)
+    six, matched = await found(6)
+    assert matched == ["'glacier' | 'kayak'", "'glacier' | 'kayak' | 'zed'"]
+    assert sorted(six[:4]) == sorted(four) and all("plain" in t for t in six[4:])
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 10**6)  # every row ranked at once
+    assert await found(6) == (six, ["'glacier' | 'kayak' | 'zed'"])
+
+
+async def test_migration_0018_counts_what_was_stored_before_it_down_and_up_again(
+    database_url: str,
+) -> None:
+    """On PostgreSQL the users' word counts start from the messages already stored; on SQLite
+    it changes nothing."""
+
+    async def in_database(work: Any) -> Any:
+        db = Database(database_url)  # one per schema: PostgreSQL's cached plans do not survive it
+        try:
+            return await work(db)
+        finally:
+            await db.dispose()
+
+    def tables(conn: Connection) -> set[str]:
+        return set(inspect(conn).get_table_names())
+
+    await asyncio.to_thread(migrate.upgrade, database_url, "0017")
+    await in_database(lambda db: new_conversation(db, "c1", [msg("user", "a zebra, a yak")]))
+    before = await in_database(lambda db: db.read(tables))
+    for _ in range(2):
+        await asyncio.to_thread(migrate.upgrade, database_url)
+        await in_database(lambda db: new_conversation(db, "c2", [msg("user", "a zebra")]))
+        if database_url.startswith("postgresql"):
+            kept, recounted = await in_database(lambda db: db.read(word_counts))
+            assert kept == recounted and kept[("t1", "alice", "zebra")] == 2
+        assert await in_database(lambda db: found_texts(db, ["zebra"])) == [
+            "a zebra",
+            "a zebra, a yak",
+        ]
+        await in_database(lambda db: db.write(lambda c: Conversations(c).delete("t1", "c2")))
+        await asyncio.to_thread(command.downgrade, migrate.alembic_config(database_url), "0017")
+        assert await in_database(lambda db: db.read(tables)) == before
