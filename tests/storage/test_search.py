@@ -4,6 +4,8 @@ sync with inserts, edits and deletes, and scoped to one tenant's user."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -204,6 +206,21 @@ async def test_on_postgresql_equal_scores_go_to_the_newer_message_every_time(
     assert [texts[h.pk] for h in hits[0]] == ["c3", "c2", "c1"]
 
 
+@contextmanager
+def executed(conn: Connection) -> Iterator[list[tuple[str, Any]]]:
+    """The statements `conn` runs within, with their parameters."""
+    ran: list[tuple[str, Any]] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        ran.append((statement, parameters))
+
+    event.listen(conn, "before_cursor_execute", seen)
+    try:
+        yield ran
+    finally:
+        event.remove(conn, "before_cursor_execute", seen)
+
+
 def same(found: list[Hit], expected: list[Hit]) -> bool:
     """The same hits in the same order, their scores equal but for rounding."""
     pks = [(h.pk, h.seq) for h in found] == [(h.pk, h.seq) for h in expected]
@@ -231,16 +248,12 @@ async def test_a_frequent_words_rows_are_left_unranked_only_when_the_hits_are_th
         statements: list[str] = []
 
         def work(conn: Connection) -> list[Hit]:
-            def seen(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
-                statements.extend(p for p in args[3] if str(p).startswith("search_scope"))
-
-            event.listen(conn, "before_cursor_execute", seen)
-            try:
-                return MessageSearch(conn).search(
+            with executed(conn) as ran:
+                hits = MessageSearch(conn).search(
                     "t1", "alice", ["zed", "kayak", "glacier"], limit=limit
                 )
-            finally:
-                event.remove(conn, "before_cursor_execute", seen)
+            statements.extend(p for _, ps in ran for p in ps if str(p).startswith("search_scope"))
+            return hits
 
         return await db.read(work), statements
 
@@ -437,17 +450,13 @@ async def test_on_postgresql_rows_of_only_common_words_are_ranked_when_too_few_o
         matched: list[str] = []
 
         def work(conn: Connection) -> list[str]:
-            def seen(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
-                if "ts_rank" in args[2]:  # (its tsqueries: each word's, and the longest, :match)
-                    matched.append(max((p for p in args[3] if str(p)[:1] == "'"), key=len))
-
-            event.listen(conn, "before_cursor_execute", seen)
-            try:
+            with executed(conn) as ran:
                 hits = MessageSearch(conn).search(
                     "t1", "alice", ["zed", "kayak", "glacier"], limit=limit
                 )
-            finally:
-                event.remove(conn, "before_cursor_execute", seen)
+            for statement, parameters in ran:
+                if "ts_rank" in statement:  # (its tsqueries: each word's, and the longest, :match)
+                    matched.append(max((p for p in parameters if str(p)[:1] == "'"), key=len))
             texts = {f.pk: f.text for f in MessageSearch(conn).around("t1", "alice", hits)}
             return [texts[h.pk] for h in hits]
 
