@@ -120,6 +120,7 @@ _USER_WORDS = text(
     "UNION ALL SELECT '', messages FROM message_words "
     "WHERE tenant_id = :tenant AND user_id = :user AND word = ''"
 )
+_LOG2_LENGTH = "(ln(CAST(length(m.search_vector) AS FLOAT8) + 1) / ln(2.0))"
 # A search within one conversation (the anonymous user's, who has no counts kept) counts the
 # conversation's rows instead, when it searches.
 _CONVERSATION_WORDS = text(
@@ -132,12 +133,12 @@ _CONVERSATION_WORDS = text(
     "AND tenant_id = :tenant AND user_id = :user AND search_text IS NOT NULL"
 )
 _ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
-_LOG2_LENGTH = "(ln(CAST(length(m.search_vector) AS FLOAT8) + 1) / ln(2.0))"
-# ...and only the rows holding the question's rarest words, as many as RANKED_ROWS together
-# (`_rarest`), unless those make fewer hits than asked for: a row costs a few microseconds to
-# match and rank, and a user who says a name in every turn has thousands of rows holding it.
-# (SQLite leaves out the rows of frequent words only where bm25's bound proves that changes
-# nothing; the length normalisation leaves `ts_rank` no bound worth having.)
+# A PostgreSQL search ranks only the rows holding the question's rarest words, as many as
+# RANKED_ROWS together (`_rarest`), unless those make fewer hits than asked for: a row costs
+# a few microseconds to match and rank, and a user who says a name in every turn has
+# thousands of rows holding it. (SQLite leaves out the rows of frequent words only where
+# bm25's bound proves that changes nothing; the length normalisation leaves `ts_rank` no
+# bound worth having.)
 RANKED_ROWS = 1_000
 
 
