@@ -47,6 +47,14 @@ def modelled(name: str | None) -> bool:
     return not (name or "").startswith(UNMODELLED)
 
 
+def include_object(
+    obj: object, name: str | None, kind: str, reflected: bool, compare_to: object
+) -> bool:
+    """Alembic's `include_object` hook (migrations/env.py): only what the models describe is
+    compared with them."""
+    return modelled(name)
+
+
 def alembic_config(url: str, connect_timeout: float = TRY_SECONDS) -> AlembicConfig:
     """Alembic's configuration for `url`; migrations/env.py gives the driver `connect_timeout`
     seconds to connect."""

@@ -9,24 +9,18 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from storage.migrate import modelled
+from storage.migrate import include_object
 from storage.models import Base
 
 # Any fixed number: replicas starting together take turns on it (PostgreSQL only).
 MIGRATION_LOCK_ID = 727_274_001
 
 
-def _modelled(
-    obj: object, name: str | None, kind: str, reflected: bool, compare_to: object
-) -> bool:
-    return modelled(name)
-
-
 def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,
-        include_object=_modelled,
+        include_object=include_object,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
     )
