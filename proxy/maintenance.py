@@ -116,6 +116,7 @@ class Maintenance:
 
                 def forget(conn: Connection, ids: Sequence[str] = ids) -> int:
                     conversations = Conversations(conn)
+                    conversations.lock(tenant_id, ids=ids)
                     return sum(conversations.delete_if_idle(tenant_id, c, cutoff) for c in ids)
 
                 deleted["conversations"] += await self.db.write(forget)

@@ -448,6 +448,16 @@ class Conversations:
         )
         return True
 
+    def lock(self, tenant_id: str, *, user_id: str | None = None, ids: Sequence[str] = ()) -> None:
+        """Lock the user's conversations, or those `ids`, in one statement and in pk order,
+        before deleting from several of them in one transaction. Writers lock a conversation's
+        row before anything of its messages (on PostgreSQL their user's word counts, migration
+        0018), so a delete must too: holding one conversation's counts while waiting for
+        another's row deadlocks with a turn holding that row. (SQLite's writer is alone.)"""
+        where = C.c.user_id == user_id if user_id is not None else C.c.id.in_(ids)
+        query = select(C.c.pk).where(C.c.tenant_id == tenant_id, where).order_by(C.c.pk)
+        self.conn.execute(query.with_for_update()).all()
+
     def delete_if_idle(self, tenant_id: str, conversation_id: str, cutoff: datetime) -> bool:
         """Delete the conversation if it is still idle since before `cutoff` (retention): its
         row is locked first, as a turn's is, so a turn stored meanwhile keeps it."""
@@ -468,6 +478,7 @@ class Conversations:
 
     def delete_user(self, tenant_id: str, user_id: str) -> dict[str, int]:
         """Erase everything stored for one user of one tenant."""
+        self.lock(tenant_id, user_id=user_id)
         MessageVectors(self.conn).delete_user(tenant_id, user_id)  # (the messages' cascade too)
         Attachments(self.conn).delete_user(tenant_id, user_id)  # (the conversations' too)
         messages = self.conn.execute(

@@ -4,23 +4,28 @@ sync with inserts, edits and deletes, and scoped to one tenant's user."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from alembic import command
 from sqlalchemy import Connection, event, inspect, text, update
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from proxy.config import Config, TenantConfig
+from proxy.maintenance import Maintenance
 from storage import migrate
 from storage.database import Database
 from storage.models import MESSAGES
 from storage.repositories import search as search_module
 from storage.repositories.conversations import Conversations
 from storage.repositories.search import Hit, MessageSearch, searchable_text
+from tests.polling import eventually
 from tests.storage.test_attachments import attach
 from tests.storage.test_attachments import search as search_chunks
-from tests.storage.test_repositories import msg, new_conversation, partial
+from tests.storage.test_repositories import at, chained, msg, new_conversation, partial
 
 
 async def search(db: Database, terms: list[str], **scope: Any) -> list[Hit]:
@@ -405,6 +410,78 @@ async def test_on_postgresql_concurrent_writes_of_one_user_lose_no_count(db: Dat
     )
     kept, recounted = await db.read(word_counts)
     assert kept == recounted and kept[("t1", "alice", "yak")] == 24
+
+
+@contextlib.asynccontextmanager
+async def turn_holding(
+    db: Database, conversation_id: str
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """A turn's transaction on its own connection, holding the conversation's row (as a turn
+    does first); it appends a message when the function it gives is awaited, and commits when
+    the block is left."""
+    engine = create_async_engine(db.url)
+    try:
+        async with engine.begin() as conn:
+            conv = await conn.run_sync(
+                lambda c: Conversations(c).get("t1", conversation_id, for_update=True)
+            )
+            assert conv is not None
+
+            async def append() -> None:
+                await conn.run_sync(
+                    lambda c: Conversations(c).append(
+                        conv, "alice", chained(conv, [msg("user", "a late kayak")]), now=at(900)
+                    )
+                )
+
+            yield append
+    finally:
+        await engine.dispose()
+
+
+async def waiting_on_a_lock(db: Database) -> int:
+    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    return int(await db.read(lambda c: c.execute(text(query)).scalar_one()))
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_an_erasure_waits_for_a_turn_of_the_user_without_deadlock(
+    db: Database,
+) -> None:
+    """Writers lock a conversation's row before the user's word counts; an erasure that took
+    the counts first (deleting the messages of another conversation) and then waited for the
+    turn's row deadlocked with it."""
+    await new_conversation(db, "c1", [msg("user", "a kayak")])
+    await new_conversation(db, "c2", [msg("user", "a glacier")])
+    async with turn_holding(db, "c2") as append:
+        erasure = asyncio.create_task(
+            db.write(lambda c: Conversations(c).delete_user("t1", "alice"))
+        )
+        await eventually(lambda: waiting_on_a_lock(db), "the erasure waiting for the turn")
+        await append()
+    assert await erasure == {"conversations": 2, "messages": 3, "exchanges": 0}
+    kept, recounted = await db.read(word_counts)
+    assert kept == recounted == {}
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_retention_waits_for_a_turn_of_the_user_without_deadlock(
+    db: Database,
+) -> None:
+    """The same with retention, which deletes several idle conversations per transaction: the
+    one the turn holds is kept (it is no longer idle), the other goes."""
+    await new_conversation(db, "c1", [msg("user", "a kayak")])
+    await new_conversation(db, "c2", [msg("user", "a glacier")])
+    config = Config(tenants={"t1": TenantConfig(api_keys=["k1"], retention_days=1)})
+    async with turn_holding(db, "c2") as append:
+        retention = asyncio.create_task(Maintenance(db, config).retain("t1", at(600)))
+        await eventually(lambda: waiting_on_a_lock(db), "retention waiting for the turn")
+        await append()
+    assert (await retention)["conversations"] == 1
+    left = await db.read(lambda c: Conversations(c).list("t1", None, limit=10))
+    assert [c.id for c in left] == ["c2"]
+    kept, recounted = await db.read(word_counts)
+    assert kept == recounted and kept[("t1", "alice", "")] == 2
 
 
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
