@@ -79,8 +79,9 @@ def _version() -> str:
 
 def migrate_database(config: Config) -> None:
     """Bring the database up to the latest schema, waiting up to
-    `database.connect_wait_seconds` for one that cannot be reached yet (each try logged).
-    Blocking; raises `StorageError` with the reason."""
+    `database.connect_wait_seconds` for one that cannot be reached yet, and trying again a
+    migration that waited too long for a table in use (each try logged). Blocking; raises
+    `StorageError` with the reason."""
     database = config.database
 
     def waiting(attempt: int, pause: float, reason: str) -> None:
@@ -92,7 +93,22 @@ def migrate_database(config: Config) -> None:
             error=reason,
         )
 
-    migrate.upgrade(database.url, wait_seconds=database.connect_wait_seconds, on_wait=waiting)
+    def busy(attempt: int, pause: float, reason: str) -> None:
+        log.warning(
+            "migration_waiting_for_lock",
+            url=migrate.shown_url(database.url),
+            attempt=attempt,
+            of=migrate.LOCK_ATTEMPTS,
+            retry_in_s=round(pause, 1),
+            error=reason,
+        )
+
+    migrate.upgrade(
+        database.url,
+        wait_seconds=database.connect_wait_seconds,
+        on_wait=waiting,
+        on_busy=busy,
+    )
 
 
 def create_app(

@@ -26,6 +26,14 @@ MIN_TRY = 1.0
 # SQLSTATEs of a server that is there but not taking connections yet: the connection
 # exception class (08...) and "the database system is starting up" (57P03).
 _NOT_YET = ("08", "57P03")
+# PostgreSQL: how long a migration waits for a lock on a table in use (a long transaction
+# holding it) before it gives up, and how often it tries again. While it waits, every query
+# of that table queues behind it: a cluster upgraded beside a long transaction would stall
+# all its requests for as long as that transaction lasts, instead of these few seconds each
+# time. Its pauses between tries are the ones above. "lock_not_available" is 55P03.
+LOCK_TIMEOUT_SECONDS = 5.0
+LOCK_ATTEMPTS = 10
+_BUSY = "55P03"
 
 Waiting = Callable[[int, float, str], None]
 
@@ -57,28 +65,36 @@ def include_object(
 
 def alembic_config(url: str, connect_timeout: float = TRY_SECONDS) -> AlembicConfig:
     """Alembic's configuration for `url`; migrations/env.py gives the driver `connect_timeout`
-    seconds to connect."""
+    seconds to connect, and a PostgreSQL migration `LOCK_TIMEOUT_SECONDS` for each lock."""
     config = AlembicConfig()
     config.set_main_option("script_location", str(MIGRATIONS))
     # ConfigParser interpolation would read a '%' in a password as a placeholder.
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     config.attributes["connect_timeout"] = connect_timeout
+    config.attributes["lock_timeout"] = LOCK_TIMEOUT_SECONDS
     return config
 
 
 def upgrade(
-    url: str, revision: str = "head", *, wait_seconds: float = 0.0, on_wait: Waiting | None = None
+    url: str,
+    revision: str = "head",
+    *,
+    wait_seconds: float = 0.0,
+    on_wait: Waiting | None = None,
+    on_busy: Waiting | None = None,
 ) -> None:
     """Bring the database at `url` up to `revision`. Blocking: call it in a thread.
 
     A database that cannot be reached yet (no answer on its port, its host not resolvable
     yet, a server still starting) is tried again, pausing longer each time, for
-    `wait_seconds`; `on_wait(attempt, pause, reason)` is told before each pause. Then, and
-    at once for any other refusal (a wrong password, no such database, a schema newer than
-    this code), a `StorageError` says why in one line, with the URL's password hidden."""
+    `wait_seconds`; `on_wait(attempt, pause, reason)` is told before each pause. A
+    PostgreSQL migration that waited `LOCK_TIMEOUT_SECONDS` for a table in use is rolled
+    back whole and tried again, `LOCK_ATTEMPTS` times in all (`on_busy`, likewise). Then,
+    and at once for any other refusal (a wrong password, no such database, a schema newer
+    than this code), a `StorageError` says why in one line, with the URL's password hidden."""
     deadline = time.monotonic() + wait_seconds
     pause = FIRST_PAUSE
-    attempt = 0
+    attempt = busy = 0
     while True:
         attempt += 1
         connect_timeout = min(TRY_SECONDS, max(MIN_TRY, deadline - time.monotonic()))
@@ -88,12 +104,22 @@ def upgrade(
         except (DBAPIError, OSError) as exc:
             reason = _reason(exc, connect_timeout)
             left = deadline - time.monotonic()
-            if not _unreachable(exc) or left <= 0:
+            if _busy(exc):
+                busy += 1
+                if busy >= LOCK_ATTEMPTS:
+                    raise StorageUnavailable(
+                        f"{shown_url(url)}: {reason} (tried {busy} times, each waiting "
+                        f"{LOCK_TIMEOUT_SECONDS:g} s): a transaction holds a table the "
+                        "migration changes (see pg_stat_activity)"
+                    ) from exc
+                told, pause = on_busy, min(pause, MAX_PAUSE)
+            elif not _unreachable(exc) or left <= 0:
                 tried = f" (tried {attempt} times)" if attempt > 1 else ""
                 raise StorageUnavailable(f"{shown_url(url)}: {reason}{tried}") from exc
-            pause = min(pause, left)
-            if on_wait is not None:
-                on_wait(attempt, pause, reason)
+            else:
+                told, pause = on_wait, min(pause, left)
+            if told is not None:
+                told(busy or attempt, pause, reason)
             time.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
         except CommandError as exc:  # e.g. a revision this code does not know
@@ -130,6 +156,11 @@ def _reason(exc: BaseException, connect_timeout: float) -> str:
     innermost = chain[-1]
     text = str(innermost).strip().splitlines()
     return text[0] if text else type(innermost).__name__
+
+
+def _busy(exc: BaseException) -> bool:
+    """Whether `exc` is a migration's wait for a lock running out (`LOCK_TIMEOUT_SECONDS`)."""
+    return any(getattr(link, "sqlstate", None) == _BUSY for link in _chain(exc))
 
 
 def _unreachable(exc: BaseException) -> bool:

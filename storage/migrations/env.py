@@ -26,6 +26,11 @@ def _run(connection: Connection) -> None:
     )
     if connection.dialect.name == "postgresql":
         connection.execute(text(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})"))
+        # Each lock on a table, once it is this replica's turn, waited for so long at most
+        # (storage.migrate.upgrade tries again).
+        wait = context.config.attributes.get("lock_timeout")
+        if wait:
+            connection.execute(text(f"SET LOCAL lock_timeout = {int(wait * 1000)}"))
     with context.begin_transaction():
         context.run_migrations()
 

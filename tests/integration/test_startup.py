@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 import yaml
 
+from storage import migrate
 from tests.postgres import PostgresServer, free_port
 from tests.processes import Replica, spawn, stop, wait_ready
 
@@ -68,3 +71,28 @@ def test_start_up_waits_for_a_database_that_is_starting(
         assert answer.headers["x-memory-status"] == "ok"
     finally:
         stop(replica)
+
+
+async def test_start_up_migrates_around_a_long_transaction(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """A long transaction holds a table the next migration changes: the migration gives up
+    its wait every few seconds (so the table's other users are not held back behind it),
+    says so, and is done once that transaction ends."""
+    url = postgres_server.url(postgres_server.create_database())
+    await asyncio.to_thread(migrate.upgrade, url, "0017")
+    holder = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+    await holder.execute("BEGIN")
+    await holder.execute("UPDATE messages SET status = status")
+    replica = spawn("busy", write_config(tmp_path / "c.yaml", url, 30), tmp_path)
+    try:
+        try:
+            await asyncio.to_thread(wait_for_line, replica, "migration_waiting_for_lock")
+        finally:
+            await holder.execute("COMMIT")
+            await holder.close()
+        await asyncio.to_thread(wait_ready, replica)
+    finally:
+        stop(replica)
+    log = replica.log.read_text(errors="replace")
+    assert "canceling statement due to lock timeout" in log and "attempt=1" in log

@@ -3,13 +3,16 @@ at once, and either way one line says why, without the URL's password."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 
+import asyncpg
 import pytest
 
 from storage import migrate
 from storage.errors import StorageUnavailable
+from tests.polling import eventually
 from tests.postgres import PostgresServer, free_port
 
 
@@ -72,3 +75,78 @@ def test_a_database_that_accepts_but_never_answers_is_given_up_on_when_the_wait_
         silent.close()
     assert len(outcome) == 1 and isinstance(outcome[0], StorageUnavailable)
     assert str(outcome[0]) == f"{url}: no answer within 1 s"
+
+
+async def busy_messages(url: str) -> asyncpg.Connection:
+    """A transaction that wrote to `messages` and has not ended: it holds the lock that a
+    trigger's creation (migration 0018) waits for."""
+    conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+    await conn.execute("BEGIN")
+    await conn.execute("UPDATE messages SET status = status")
+    return conn
+
+
+async def test_a_migration_waiting_for_a_table_in_use_gives_up_and_tries_again(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(migrate, "FIRST_PAUSE", 0.05)
+    url = postgres_server.url(postgres_server.create_database())
+    await asyncio.to_thread(migrate.upgrade, url, "0017")
+    holder = await busy_messages(url)
+    waits: list[tuple[int, float, str]] = []
+    migrating = asyncio.create_task(
+        asyncio.to_thread(migrate.upgrade, url, on_busy=lambda *wait: waits.append(wait))
+    )
+    try:
+        await eventually(lambda: asyncio.sleep(0, waits), "a try given up")
+        # A writer queues behind the migration's wait for the table, and goes ahead when the
+        # migration gives up, though the long transaction still holds the table.
+        writer = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+        try:
+            await writer.execute("SET statement_timeout = 30000")  # (a hang guard)
+            await writer.execute("UPDATE messages SET status = status")
+        finally:
+            await writer.close()
+    finally:
+        await holder.execute("COMMIT")
+        await holder.close()
+    await migrating
+    assert [attempt for attempt, _, _ in waits] == list(range(1, len(waits) + 1))
+    assert all("lock timeout" in reason for _, _, reason in waits)
+    assert await revision(url) == "0018"
+
+
+async def test_a_migration_that_never_gets_the_table_leaves_the_schema_as_it_was(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 0.1)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 3)
+    monkeypatch.setattr(migrate, "FIRST_PAUSE", 0.01)
+    url = postgres_server.url(postgres_server.create_database())
+    await asyncio.to_thread(migrate.upgrade, url, "0017")
+    holder = await busy_messages(url)
+    try:
+        with pytest.raises(StorageUnavailable) as info:
+            await asyncio.to_thread(migrate.upgrade, url)
+    finally:
+        await holder.execute("ROLLBACK")
+        await holder.close()
+    assert str(info.value).endswith(
+        "canceling statement due to lock timeout (tried 3 times, each waiting 0.1 s): a "
+        "transaction holds a table the migration changes (see pg_stat_activity)"
+    )
+    assert await revision(url) == "0017"
+    conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+    try:  # (nothing of 0018 is left half-made)
+        assert await conn.fetchval("SELECT to_regclass('message_words')") is None
+    finally:
+        await conn.close()
+
+
+async def revision(url: str) -> str:
+    conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+    try:
+        return str(await conn.fetchval("SELECT version_num FROM alembic_version"))
+    finally:
+        await conn.close()
