@@ -632,8 +632,8 @@ class ChatExchange:
             return NOTHING_ATTACHED
         keep = turn.conversation if turn.mode == "full" and self.inline else None
         conversation = turn.conversation if turn.mode != "off" and use_memory else None
-        if conversation is None and not self.inline:
-            return NOTHING_ATTACHED
+        if (conversation is None or turn.opened) and not self.inline:
+            return NOTHING_ATTACHED  # (a conversation this turn opened holds none yet)
         ctx = tenant.context
         room = int(ctx.token_budget * tenant.attachments.share)
         if history:
@@ -683,8 +683,10 @@ class ChatExchange:
         newest = self.sent_messages[-1]
         asks = newest.get("role") == "user"
         search = ctx.recall and asks
-        if anonymous and (turn.conversation is None or not search):
-            return NOTHING  # no memories and no cross-conversation recall for the anonymous user
+        if anonymous and (turn.conversation is None or turn.opened or not search):
+            # No memories and no cross-conversation recall for the anonymous user (and a
+            # conversation this turn opened holds only what the prompt does).
+            return NOTHING
         in_prompt = [
             searchable_text(str(m.get("role")), m.get("content")) or ""
             for m in [*self.sent_messages, *(h.message for h in history)]

@@ -77,6 +77,8 @@ class Turn:
     mode: Mode
     model: str
     conversation: ConversationRecord | None = None
+    # The conversation was opened by this turn: nothing was stored in it before.
+    opened: bool = False
     history: list[StoredTurn] = field(default_factory=list)
     store_reply: bool = False
     # Queue memory extraction once the reply is stored (the tenant extracts; a named user).
@@ -514,7 +516,7 @@ class ConversationMemory:
                     fingerprint=fingerprint(messages),
                     messages=_new_messages(messages, hashes, count, turn.request_id, intent),
                 )
-                turn.store_reply = True
+                turn.opened = turn.store_reply = True
                 turn.reply_to = turn.conversation.next_seq - 1
             return key
         turn.conversation = conv

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from policies.tokens import count_message
+from proxy import artifacts, completions
 from proxy.config import Config, ContextSettings, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -144,6 +145,45 @@ async def test_the_anonymous_user_recalls_only_within_the_conversation(
     )
     sent = fake.chat_requests[-1]["messages"]
     assert any("Biscuit" in str(m["content"]) for m in sent)
+
+
+async def test_an_anonymous_turn_opening_its_conversation_reads_nothing_back(
+    clients: tuple[openai.AsyncOpenAI, httpx.AsyncClient],
+    fake: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing is stored in a conversation an anonymous turn opens but the turn itself (in the
+    prompt), so neither recall nor the stored attachments and tool results are read for it;
+    the conversation's next turn reads both, and finds its first (what a one-shot call costs
+    on PostgreSQL: a transaction each)."""
+    read: list[str] = []
+
+    def spy(name: str, original: Any) -> Any:
+        def called(*args: Any, **kwargs: Any) -> Any:
+            read.append(name)
+            return original(*args, **kwargs)
+
+        return called
+
+    monkeypatch.setattr(completions, "recall", spy("recall", completions.recall))
+    monkeypatch.setattr(artifacts, "read_sources", spy("attachments", artifacts.read_sources))
+    sdk, _ = clients
+    anonymous = {"X-Memory-User-Id": "anonymous", "X-Memory-Conversation-Id": "one-shot"}
+    await sdk.chat.completions.create(
+        model=MODEL, messages=ask("My beagle is called Biscuit"), extra_headers=anonymous
+    )
+    assert read == []
+    await sdk.chat.completions.create(
+        model=MODEL, messages=ask("Tell me about beagle puppies"), extra_headers=anonymous
+    )
+    assert sorted(read) == ["attachments", "recall"]
+    assert "Biscuit" in str(fake.chat_requests[-1]["messages"])
+    # A named user's first turn in a new conversation still recalls (from the others).
+    read.clear()
+    await sdk.chat.completions.create(
+        model=MODEL, messages=ask("Hello"), extra_headers={"X-Memory-User-Id": "alice"}
+    )
+    assert read == ["recall"]
 
 
 async def test_no_recall_in_mode_off_or_when_turned_off(
