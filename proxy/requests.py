@@ -50,9 +50,11 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
-def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
+async def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
     """Before every handler: a NUL in the path or the query (`%00`) is a 400, not an id or a
-    user to look up (PostgreSQL cannot even compare text holding one)."""
+    user to look up (PostgreSQL cannot even compare text holding one). A coroutine, though it
+    awaits nothing: Litestar runs a plain function hook in a worker thread, a thread hand-off
+    on every request."""
     if "\x00" in request.scope.get("path", "") or b"%00" in request.scope.get("query_string", b""):
         raise BadRequest("The request's path or query contains the NUL character (%00).")
 
