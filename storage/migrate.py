@@ -114,12 +114,13 @@ def upgrade(
                     ) from exc
                 told, pause = on_busy, min(pause, MAX_PAUSE)
             elif not _unreachable(exc) or left <= 0:
-                tried = f" (tried {attempt} times)" if attempt > 1 else ""
+                tries = attempt - busy
+                tried = f" (tried {tries} times)" if tries > 1 else ""
                 raise StorageUnavailable(f"{shown_url(url)}: {reason}{tried}") from exc
             else:
                 told, pause = on_wait, min(pause, left)
-            if told is not None:
-                told(busy or attempt, pause, reason)
+            if told is not None:  # (each kind of wait counts its own tries)
+                told(busy if told is on_busy else attempt - busy, pause, reason)
             time.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
         except CommandError as exc:  # e.g. a revision this code does not know

@@ -30,7 +30,7 @@ def _run(connection: Connection) -> None:
         # (storage.migrate.upgrade tries again).
         wait = context.config.attributes.get("lock_timeout")
         if wait:
-            connection.execute(text(f"SET LOCAL lock_timeout = {int(wait * 1000)}"))
+            connection.execute(text(f"SET LOCAL lock_timeout = {max(1, round(wait * 1000))}"))
     with context.begin_transaction():
         context.run_migrations()
 

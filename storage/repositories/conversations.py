@@ -449,11 +449,14 @@ class Conversations:
         return True
 
     def lock(self, tenant_id: str, *, user_id: str | None = None, ids: Sequence[str] = ()) -> None:
-        """Lock the user's conversations, or those `ids`, in one statement and in pk order,
-        before deleting from several of them in one transaction. Writers lock a conversation's
-        row before anything of its messages (on PostgreSQL their user's word counts, migration
-        0018), so a delete must too: holding one conversation's counts while waiting for
-        another's row deadlocks with a turn holding that row. (SQLite's writer is alone.)"""
+        """Lock the user's conversations (`user_id`; else those `ids`), in one statement and in
+        pk order, before deleting from several of them in one transaction. Writers lock a
+        conversation's row before anything of its messages (on PostgreSQL their user's word
+        counts, migration 0018), so a delete must too: holding one conversation's counts
+        while waiting for another's row deadlocks with a writer holding that row. (SQLite:
+        nothing to do, its one writer is alone.)"""
+        if self.conn.dialect.name != "postgresql":
+            return
         where = C.c.user_id == user_id if user_id is not None else C.c.id.in_(ids)
         query = select(C.c.pk).where(C.c.tenant_id == tenant_id, where).order_by(C.c.pk)
         self.conn.execute(query.with_for_update()).all()

@@ -99,9 +99,10 @@ async def test_a_migration_waiting_for_a_table_in_use_gives_up_and_tries_again(
         asyncio.to_thread(migrate.upgrade, url, on_busy=lambda *wait: waits.append(wait))
     )
     try:
-        await eventually(lambda: asyncio.sleep(0, waits), "a try given up")
+        await eventually(lambda: migration_waiting(url), "the migration waiting for the table")
         # A writer queues behind the migration's wait for the table, and goes ahead when the
-        # migration gives up, though the long transaction still holds the table.
+        # migration gives up, though the long transaction still holds the table (without a
+        # lock timeout it would wait for that transaction to end).
         writer = await asyncpg.connect(url.replace("+asyncpg", "", 1))
         try:
             await writer.execute("SET statement_timeout = 30000")  # (a hang guard)
@@ -112,7 +113,7 @@ async def test_a_migration_waiting_for_a_table_in_use_gives_up_and_tries_again(
         await holder.execute("COMMIT")
         await holder.close()
     await migrating
-    assert [attempt for attempt, _, _ in waits] == list(range(1, len(waits) + 1))
+    assert waits and [attempt for attempt, _, _ in waits] == list(range(1, len(waits) + 1))
     assert all("lock timeout" in reason for _, _, reason in waits)
     assert await revision(url) == "0018"
 
@@ -148,5 +149,18 @@ async def revision(url: str) -> str:
     conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
     try:
         return str(await conn.fetchval("SELECT version_num FROM alembic_version"))
+    finally:
+        await conn.close()
+
+
+async def migration_waiting(url: str) -> bool:
+    """Whether a session of the database waits for a lock (the migration, here)."""
+    conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+    try:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return bool(await conn.fetchval(query))
     finally:
         await conn.close()

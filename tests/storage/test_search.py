@@ -16,9 +16,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from proxy.config import Config, TenantConfig
 from proxy.maintenance import Maintenance
+from proxy.routes.memory import erase_user
 from storage import migrate
 from storage.database import Database
 from storage.models import MESSAGES
+from storage.records import ConversationRecord
 from storage.repositories import search as search_module
 from storage.repositories.conversations import Conversations
 from storage.repositories.search import Hit, MessageSearch, searchable_text
@@ -413,12 +415,12 @@ async def test_on_postgresql_concurrent_writes_of_one_user_lose_no_count(db: Dat
 
 
 @contextlib.asynccontextmanager
-async def turn_holding(
+async def holding(
     db: Database, conversation_id: str
-) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """A turn's transaction on its own connection, holding the conversation's row (as a turn
-    does first); it appends a message when the function it gives is awaited, and commits when
-    the block is left."""
+) -> AsyncIterator[Callable[[Callable[[Connection, ConversationRecord], Any]], Awaitable[None]]]:
+    """A transaction on its own connection holding the conversation's row, as a turn, a
+    message import or a retention delete does first; it runs `then(work)` on that
+    connection when awaited, and commits when the block is left."""
     engine = create_async_engine(db.url)
     try:
         async with engine.begin() as conn:
@@ -427,56 +429,77 @@ async def turn_holding(
             )
             assert conv is not None
 
-            async def append() -> None:
-                await conn.run_sync(
-                    lambda c: Conversations(c).append(
-                        conv, "alice", chained(conv, [msg("user", "a late kayak")]), now=at(900)
-                    )
-                )
+            async def then(work: Callable[[Connection, ConversationRecord], Any]) -> None:
+                await conn.run_sync(lambda c: work(c, conv))
 
-            yield append
+            yield then
     finally:
         await engine.dispose()
 
 
+def append_a_message(conn: Connection, conv: ConversationRecord) -> None:
+    messages = chained(conv, [msg("user", "a late kayak")])
+    Conversations(conn).append(conv, "alice", messages, now=at(900))
+
+
 async def waiting_on_a_lock(db: Database) -> int:
-    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
     return int(await db.read(lambda c: c.execute(text(query)).scalar_one()))
 
 
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
-async def test_on_postgresql_an_erasure_waits_for_a_turn_of_the_user_without_deadlock(
+async def test_on_postgresql_an_erasure_waits_for_a_write_holding_a_conversation(
     db: Database,
 ) -> None:
-    """Writers lock a conversation's row before the user's word counts; an erasure that took
-    the counts first (deleting the messages of another conversation) and then waited for the
-    turn's row deadlocked with it."""
+    """Writers lock a conversation's row before the user's word counts (a message import, say:
+    a turn also holds the user's share of the erasure lock, so never meets one). An erasure
+    that took the counts first (deleting the messages of another conversation) and then
+    waited for the import's row deadlocked with it."""
     await new_conversation(db, "c1", [msg("user", "a kayak")])
     await new_conversation(db, "c2", [msg("user", "a glacier")])
-    async with turn_holding(db, "c2") as append:
-        erasure = asyncio.create_task(
-            db.write(lambda c: Conversations(c).delete_user("t1", "alice"))
-        )
-        await eventually(lambda: waiting_on_a_lock(db), "the erasure waiting for the turn")
-        await append()
-    assert await erasure == {"conversations": 2, "messages": 3, "exchanges": 0}
+    async with holding(db, "c2") as then:
+        erasure = asyncio.create_task(db.write(lambda c: erase_user(c, "t1", "alice")))
+        await eventually(lambda: waiting_on_a_lock(db), "the erasure waiting for the row")
+        await then(append_a_message)
+    erased = await erasure
+    assert (erased["conversations"], erased["messages"]) == (2, 3)
     kept, recounted = await db.read(word_counts)
     assert kept == recounted == {}
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_an_erasure_waits_for_a_retention_delete(db: Database) -> None:
+    """Retention locks an idle conversation's row, then deletes its vectors and attachments:
+    an erasure that deleted the user's attachments before locking their conversations
+    deadlocked with it."""
+    await new_conversation(db, "c1", [msg("user", "a kayak")])
+    await new_conversation(db, "c2", [msg("user", "a glacier")])
+    await attach(db, "c1", [("notes on kayaks", 3)])
+    async with holding(db, "c1") as then:
+        erasure = asyncio.create_task(db.write(lambda c: erase_user(c, "t1", "alice")))
+        await eventually(lambda: waiting_on_a_lock(db), "the erasure waiting for the row")
+        await then(lambda c, conv: Conversations(c).delete("t1", conv.id))
+    erased = await erasure
+    assert (erased["conversations"], erased["attachments"]) == (1, 0)  # (c1 went first)
 
 
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
 async def test_on_postgresql_retention_waits_for_a_turn_of_the_user_without_deadlock(
     db: Database,
 ) -> None:
-    """The same with retention, which deletes several idle conversations per transaction: the
-    one the turn holds is kept (it is no longer idle), the other goes."""
+    """Retention, which deletes several idle conversations per transaction, and a turn (which
+    takes no erasure lock that retention would wait on): the conversation the turn holds is
+    kept (it is no longer idle), the other goes."""
     await new_conversation(db, "c1", [msg("user", "a kayak")])
     await new_conversation(db, "c2", [msg("user", "a glacier")])
     config = Config(tenants={"t1": TenantConfig(api_keys=["k1"], retention_days=1)})
-    async with turn_holding(db, "c2") as append:
+    async with holding(db, "c2") as then:
         retention = asyncio.create_task(Maintenance(db, config).retain("t1", at(600)))
         await eventually(lambda: waiting_on_a_lock(db), "retention waiting for the turn")
-        await append()
+        await then(append_a_message)
     assert (await retention)["conversations"] == 1
     left = await db.read(lambda c: Conversations(c).list("t1", None, limit=10))
     assert [c.id for c in left] == ["c2"]
