@@ -112,7 +112,7 @@ def upgrade(
                         f"{LOCK_TIMEOUT_SECONDS:g} s): a transaction holds a table the "
                         "migration changes (see pg_stat_activity)"
                     ) from exc
-                told, pause = on_busy, min(pause, MAX_PAUSE)
+                told = on_busy
             elif not _unreachable(exc) or left <= 0:
                 tries = attempt - busy
                 tried = f" (tried {tries} times)" if tries > 1 else ""
