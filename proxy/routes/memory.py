@@ -180,6 +180,8 @@ async def create_conversation(
     count = await TokenCounter("").prepare(messages or [])
 
     def work(conn: Connection) -> ConversationRecord:
+        if messages:  # (as a turn: never half before the user's erasure)
+            Erasures(conn).share(principal.tenant_id, user)
         created = Conversations(conn).create(
             principal.tenant_id,
             user,
@@ -328,7 +330,13 @@ async def append_messages(
     count = await TokenCounter("").prepare(messages)
 
     def work(conn: Connection) -> list[MessageRecord]:
+        # As a turn: the user's share of the erasure lock before the conversation's row, so
+        # an erasure of the user (which locks their rows, then deletes) never interleaves.
+        owner = _conversation(conn, principal.tenant_id, conversation_id).user_id
+        Erasures(conn).share(principal.tenant_id, owner)
         found = _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
+        if found.user_id != owner:  # (deleted and its id given to another user's meanwhile)
+            raise _not_found(conversation_id)
         updated = ConversationMemory.import_messages(conn, found, messages, count)
         _queue_embedding(conn, services, updated, found.next_seq)
         return Conversations(conn).messages(

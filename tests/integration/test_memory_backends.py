@@ -3,16 +3,22 @@ PostgreSQL (reply written before the response ends, as for several replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import openai
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from proxy.app import create_app
 from proxy.config import UpstreamConfig
+from storage.repositories.erasures import Erasures
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
+from tests.polling import eventually
 
 MODEL = "gpt-4o-mini"
 THIN = {"X-Memory-Conversation-Id": "c1", "X-Memory-User-Id": "alice"}
@@ -86,3 +92,52 @@ async def test_conversations_survive_turns_streams_and_a_restart_on_each_databas
             user("three"),
         ]
         assert len(await stored(base, "c1")) == 6
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_imports_wait_for_the_users_erasure(database_url: str) -> None:
+    """Importing messages takes the user's share of the erasure lock, as a turn does: while an
+    erasure of the user is under way (its lock held here) an import waits, then goes ahead,
+    never in between the erasure's deletes (it could deadlock with them)."""
+    config = make_config(UpstreamConfig(kind="echo"), database_url=database_url)
+    with ServerThread(create_app(config)) as server:
+        headers = {"authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=server.url + "/v1", headers=headers) as http:
+            opened = {"id": "c1", "user": "alice", "messages": [user("one")]}
+            assert (await http.post("/memory/conversations", json=opened)).status_code == 201
+            engine = create_async_engine(database_url)
+            try:
+                async with engine.connect() as erasure:
+                    await erasure.run_sync(lambda c: Erasures(c).lock("t1", "alice"))
+                    imports = [
+                        asyncio.create_task(
+                            http.post(
+                                "/memory/conversations/c1/messages",
+                                json={"messages": [user("two")]},
+                            )
+                        ),
+                        asyncio.create_task(
+                            http.post(
+                                "/memory/conversations",
+                                json={"id": "c2", "user": "alice", "messages": [user("three")]},
+                            )
+                        ),
+                    ]
+                    await eventually(lambda: advisory_waits(engine), "both imports waiting")
+                    assert not any(task.done() for task in imports)
+                    await erasure.rollback()
+            finally:
+                await engine.dispose()
+            assert [(await task).status_code for task in imports] == [201, 201]
+        assert await stored(server.url + "/v1", "c1") == [user("one"), user("two")]
+
+
+async def advisory_waits(engine: AsyncEngine) -> bool:
+    """Whether two sessions of the database wait for an advisory lock (asked on a connection
+    of its own: a transaction sees one snapshot of `pg_stat_activity`)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND wait_event = 'advisory' AND datname = current_database()"
+    )
+    async with engine.connect() as conn:
+        return int((await conn.execute(text(query))).scalar_one()) >= 2
