@@ -112,15 +112,15 @@ def upgrade(
                         f"{LOCK_TIMEOUT_SECONDS:g} s): a transaction holds a table the "
                         "migration changes (see pg_stat_activity)"
                     ) from exc
-                told = on_busy
-            elif not _unreachable(exc) or left <= 0:
-                tries = attempt - busy
-                tried = f" (tried {tries} times)" if tries > 1 else ""
-                raise StorageUnavailable(f"{shown_url(url)}: {reason}{tried}") from exc
+                told, tries = on_busy, busy
             else:
+                tries = attempt - busy  # (each kind of wait counts its own)
+                if not _unreachable(exc) or left <= 0:
+                    tried = f" (tried {tries} times)" if tries > 1 else ""
+                    raise StorageUnavailable(f"{shown_url(url)}: {reason}{tried}") from exc
                 told, pause = on_wait, min(pause, left)
-            if told is not None:  # (each kind of wait counts its own tries)
-                told(busy if told is on_busy else attempt - busy, pause, reason)
+            if told is not None:
+                told(tries, pause, reason)
             time.sleep(pause)
             pause = min(pause * 2, MAX_PAUSE)
         except CommandError as exc:  # e.g. a revision this code does not know

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
+import asyncpg
 import pytest
 
 from storage import migrate
@@ -319,3 +320,18 @@ def database_url(
     server migrates it as it starts)."""
     with fresh_database(database_kind, request, tmp_path) as url:
         yield url
+
+
+async def lock_waits(url: str, wait_event: str | None = None) -> int:
+    """How many sessions of the database at `url` wait for a lock (of `wait_event`'s kind, e.g.
+    'advisory', if given). Asked on a connection of its own: a transaction sees one snapshot
+    of `pg_stat_activity` until it ends."""
+    conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
+    try:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database() AND ($1::text IS NULL OR wait_event = $1)"
+        )
+        return int(await conn.fetchval(query, wait_event))
+    finally:
+        await conn.close()

@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from proxy.app import create_app
 from proxy.config import UpstreamConfig
@@ -19,6 +18,7 @@ from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
 from tests.polling import eventually
+from tests.postgres import lock_waits
 
 MODEL = "gpt-4o-mini"
 THIN = {"X-Memory-Conversation-Id": "c1", "X-Memory-User-Id": "alice"}
@@ -105,6 +105,10 @@ async def test_on_postgresql_imports_wait_for_the_users_erasure(database_url: st
         async with httpx.AsyncClient(base_url=server.url + "/v1", headers=headers) as http:
             opened = {"id": "c1", "user": "alice", "messages": [user("one")]}
             assert (await http.post("/memory/conversations", json=opened)).status_code == 201
+
+            async def both_waiting() -> bool:
+                return await lock_waits(database_url, "advisory") >= 2
+
             engine = create_async_engine(database_url)
             try:
                 async with engine.connect() as erasure:
@@ -123,21 +127,10 @@ async def test_on_postgresql_imports_wait_for_the_users_erasure(database_url: st
                             )
                         ),
                     ]
-                    await eventually(lambda: advisory_waits(engine), "both imports waiting")
+                    await eventually(both_waiting, "both imports waiting")
                     assert not any(task.done() for task in imports)
                     await erasure.rollback()
             finally:
                 await engine.dispose()
             assert [(await task).status_code for task in imports] == [201, 201]
         assert await stored(server.url + "/v1", "c1") == [user("one"), user("two")]
-
-
-async def advisory_waits(engine: AsyncEngine) -> bool:
-    """Whether two sessions of the database wait for an advisory lock (asked on a connection
-    of its own: a transaction sees one snapshot of `pg_stat_activity`)."""
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-        "AND wait_event = 'advisory' AND datname = current_database()"
-    )
-    async with engine.connect() as conn:
-        return int((await conn.execute(text(query))).scalar_one()) >= 2

@@ -13,7 +13,7 @@ import pytest
 from storage import migrate
 from storage.errors import StorageUnavailable
 from tests.polling import eventually
-from tests.postgres import PostgresServer, free_port
+from tests.postgres import PostgresServer, free_port, lock_waits
 
 
 def test_a_database_that_cannot_be_reached_is_tried_until_the_wait_ends() -> None:
@@ -99,7 +99,7 @@ async def test_a_migration_waiting_for_a_table_in_use_gives_up_and_tries_again(
         asyncio.to_thread(migrate.upgrade, url, on_busy=lambda *wait: waits.append(wait))
     )
     try:
-        await eventually(lambda: migration_waiting(url), "the migration waiting for the table")
+        await eventually(lambda: lock_waits(url), "the migration waiting for the table")
         # A writer queues behind the migration's wait for the table, and goes ahead when the
         # migration gives up, though the long transaction still holds the table (without a
         # lock timeout it would wait for that transaction to end).
@@ -149,18 +149,5 @@ async def revision(url: str) -> str:
     conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
     try:
         return str(await conn.fetchval("SELECT version_num FROM alembic_version"))
-    finally:
-        await conn.close()
-
-
-async def migration_waiting(url: str) -> bool:
-    """Whether a session of the database waits for a lock (the migration, here)."""
-    conn = await asyncpg.connect(url.replace("+asyncpg", "", 1))
-    try:
-        query = (
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        return bool(await conn.fetchval(query))
     finally:
         await conn.close()

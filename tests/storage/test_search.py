@@ -25,6 +25,7 @@ from storage.repositories import search as search_module
 from storage.repositories.conversations import Conversations
 from storage.repositories.search import Hit, MessageSearch, searchable_text
 from tests.polling import eventually
+from tests.postgres import lock_waits
 from tests.storage.test_attachments import attach
 from tests.storage.test_attachments import search as search_chunks
 from tests.storage.test_repositories import at, chained, msg, new_conversation, partial
@@ -442,14 +443,6 @@ def append_a_message(conn: Connection, conv: ConversationRecord) -> None:
     Conversations(conn).append(conv, "alice", messages, now=at(900))
 
 
-async def waiting_on_a_lock(db: Database) -> int:
-    query = (
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
-    )
-    return int(await db.read(lambda c: c.execute(text(query)).scalar_one()))
-
-
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
 async def test_on_postgresql_an_erasure_waits_for_a_write_holding_a_conversation(
     db: Database,
@@ -462,7 +455,7 @@ async def test_on_postgresql_an_erasure_waits_for_a_write_holding_a_conversation
     await new_conversation(db, "c2", [msg("user", "a glacier")])
     async with holding(db, "c2") as then:
         erasure = asyncio.create_task(db.write(lambda c: erase_user(c, "t1", "alice")))
-        await eventually(lambda: waiting_on_a_lock(db), "the erasure waiting for the row")
+        await eventually(lambda: lock_waits(db.url), "the erasure waiting for the row")
         await then(append_a_message)
     erased = await erasure
     assert (erased["conversations"], erased["messages"]) == (2, 3)
@@ -480,7 +473,7 @@ async def test_on_postgresql_an_erasure_waits_for_a_retention_delete(db: Databas
     await attach(db, "c1", [("notes on kayaks", 3)])
     async with holding(db, "c1") as then:
         erasure = asyncio.create_task(db.write(lambda c: erase_user(c, "t1", "alice")))
-        await eventually(lambda: waiting_on_a_lock(db), "the erasure waiting for the row")
+        await eventually(lambda: lock_waits(db.url), "the erasure waiting for the row")
         await then(lambda c, conv: Conversations(c).delete("t1", conv.id))
     erased = await erasure
     assert (erased["conversations"], erased["attachments"]) == (1, 0)  # (c1 went first)
@@ -498,7 +491,7 @@ async def test_on_postgresql_retention_waits_for_a_turn_of_the_user_without_dead
     config = Config(tenants={"t1": TenantConfig(api_keys=["k1"], retention_days=1)})
     async with holding(db, "c2") as then:
         retention = asyncio.create_task(Maintenance(db, config).retain("t1", at(600)))
-        await eventually(lambda: waiting_on_a_lock(db), "retention waiting for the turn")
+        await eventually(lambda: lock_waits(db.url), "retention waiting for the turn")
         await then(append_a_message)
     assert (await retention)["conversations"] == 1
     left = await db.read(lambda c: Conversations(c).list("t1", None, limit=10))
