@@ -121,6 +121,17 @@ class _Relayed:
 
 
 _closing: set[asyncio.Task[Any]] = set()
+# After `data: [DONE]` the upstream usually has only its body's end left to send: read for at
+# most this long (and this much) in the background, so that its connection goes back to the
+# pool instead of being closed (a new connection costs the next request a TCP connect).
+DRAIN_SECONDS = 1.0
+DRAIN_BYTES = 65536
+
+
+def _in_background(closing: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(closing)
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 def _never_relayed(
@@ -133,9 +144,24 @@ def _never_relayed(
         observer.abandon()
     aclose = getattr(chunks, "aclose", None)
     if aclose is not None:
-        task = asyncio.ensure_future(aclose())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
+        _in_background(aclose())
+
+
+async def _drain(iterator: AsyncIterator[bytes], chunks: AsyncIterator[bytes]) -> None:
+    """Read what follows `[DONE]` (briefly, see DRAIN_SECONDS), then close the upstream."""
+    left = DRAIN_BYTES
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for rest in iterator:
+                left -= len(rest)
+                if left < 0:
+                    break
+    except Exception:  # (a timeout, or the upstream failing after its answer: nothing lost)
+        pass
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def _unguarded(next_chunk: Awaitable[bytes]) -> bytes:
@@ -161,6 +187,7 @@ async def relay(
     line_start = True  # whether what the client got so far ends a line
     wait = deadline.guard if deadline is not None else _unguarded
     iterator = aiter(chunks)
+    answered = False  # `[DONE]` passed on: the rest of the upstream's body is drained
     try:
         while True:
             try:
@@ -185,7 +212,8 @@ async def relay(
             finished = True
             await observer.finish("complete", None)
             yield chunk[at:]
-            return  # nothing follows `[DONE]`: not waited for (the upstream is closed below)
+            answered = True
+            return  # nothing follows `[DONE]`: not waited for (drained in the background)
         if not finished:
             rest = observer.flush()
             finished = True
@@ -212,6 +240,9 @@ async def relay(
             observer.abandon()
         raise
     finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        if answered:
+            _in_background(_drain(iterator, chunks))
+        else:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()

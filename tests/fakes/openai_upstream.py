@@ -34,6 +34,7 @@ class Recorded:
     headers: dict[str, str]
     body: bytes
     raw_path: bytes = b""  # as sent (`path` is decoded)
+    client: tuple[str, int] | None = None  # the connection it came on (address, port)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -136,6 +137,7 @@ class FakeOpenAI:
             headers,
             body,
             scope.get("raw_path") or b"",
+            tuple(scope["client"]) if scope.get("client") else None,
         )
         self.requests.append(recorded)
         reply = self.script.pop(0) if self.script else self._default(recorded)

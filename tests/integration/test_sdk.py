@@ -18,6 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from proxy.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
+from proxy.http_shards import SHARDS
 from tests.conftest import CHAT_ONLY_KEY, KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, sse
 
@@ -126,6 +127,22 @@ async def test_streamed_completion_arrives_as_chunks(client: openai.AsyncOpenAI)
     assert chunks[-1].choices[0].finish_reason == "stop"
     # Not asked for: no usage-only chunk.
     assert all(c.choices and c.usage is None for c in chunks)
+
+
+async def test_streams_leave_their_upstream_connection_open_for_the_next_request(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI
+) -> None:
+    # The relay ends the client's stream at `[DONE]` and reads the upstream's body to its end
+    # after that, so the connection goes back to the pool: the upstream sees a few
+    # connections (one per pool the proxy spreads its requests over), not one per stream.
+    for _ in range(2 * SHARDS):
+        stream = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=USER_HELLO, stream=True
+        )
+        assert [c async for c in stream]
+    connections = {r.client for r in fake.requests}
+    assert None not in connections
+    assert len(connections) <= SHARDS
 
 
 async def test_stream_include_usage_adds_a_final_usage_chunk(

@@ -10,9 +10,11 @@ from typing import Any
 import httpx
 from litestar import Request
 
+from proxy import relay
 from proxy.relay import to_response
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.openai import ResponseChunks
+from tests.polling import eventually
 
 
 class Chunks:
@@ -94,3 +96,60 @@ async def test_an_upstream_response_never_read_is_released_by_aclose() -> None:
         assert not response.is_closed
         await chunks.aclose()
         assert response.is_closed
+
+
+class Endless(Chunks):
+    """An upstream whose body never ends: after its parts, it sends nothing more."""
+
+    def __init__(self, *parts: bytes) -> None:
+        super().__init__(*parts)
+        self.reads = 0
+
+    async def __anext__(self) -> bytes:
+        if not self.parts:
+            await asyncio.Event().wait()  # (until cancelled)
+        self.reads += 1
+        return self.parts.pop(0)
+
+
+async def body_of(response: Any) -> bytes:
+    return b"".join([part async for part in response.iterator])
+
+
+async def closed(chunks: Chunks) -> None:
+    async def check() -> int:
+        return chunks.closed
+
+    await eventually(check, "the upstream response closed")
+
+
+async def test_after_done_the_rest_of_the_upstream_body_is_read_then_closed() -> None:
+    # The client's stream ends at `[DONE]`; what the upstream still sends (its body's end) is
+    # read afterwards, so its connection can be used again, and never reaches the client.
+    chunks = Chunks(b"data: {}\n\n", b"data: [DONE]\n\n", b"", b": the end\n\n")
+    body = await body_of(to_response(request(), streamed(chunks), observer=Observer()))
+    assert body == b"data: {}\n\ndata: [DONE]\n\n"
+    await closed(chunks)
+    assert chunks.parts == [] and chunks.closed == 1
+
+
+async def test_an_upstream_that_goes_on_after_done_is_read_no_further_than_the_bound(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(relay, "DRAIN_BYTES", 100)
+    chunks = Endless(b"data: [DONE]\n\n", *[b"x" * 60] * 5)
+    body = await body_of(to_response(request(), streamed(chunks), observer=Observer()))
+    assert body == b"data: [DONE]\n\n"
+    await closed(chunks)
+    assert chunks.reads == 3  # `[DONE]`, then 120 bytes: over the bound, so closed
+    assert len(chunks.parts) == 3
+
+
+async def test_an_upstream_silent_after_done_is_closed_after_the_wait(monkeypatch: Any) -> None:
+    monkeypatch.setattr(relay, "DRAIN_SECONDS", 0.01)
+    chunks = Endless(b"data: {}\n\n", b"data: [DONE]\n\n")
+    body = await body_of(to_response(request(), streamed(chunks), observer=Observer()))
+    assert body == b"data: {}\n\ndata: [DONE]\n\n"
+    assert chunks.closed == 0  # (the client has its whole stream before the wait ends)
+    await closed(chunks)
+    assert chunks.closed == 1
