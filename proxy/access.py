@@ -92,7 +92,9 @@ async def access_hook(message: Message, scope: Scope) -> None:
         headers.append((b"x-request-id", info.request_id.encode()))
         message["headers"] = headers
     elif message["type"] == "http.response.body" and not message.get("more_body", False):
-        log_access(scope, info)
+        # This hook runs before the message is sent: the line is written just after, so that
+        # writing it never holds back the end of the response.
+        asyncio.get_running_loop().call_soon(log_access, scope, info)
 
 
 def log_access(scope: Scope | dict[str, Any], info: RequestInfo) -> None:
