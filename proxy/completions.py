@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -33,7 +34,7 @@ from proxy.costs import count_prompt, nothing_billed
 from proxy.embeddings import EMBED_CHARS, Vector
 from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
 from proxy.intent import LLMIntent, record_intent
-from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, now
+from proxy.memory import ANONYMOUS, Mode, Outcome, Turn, classify, now
 from proxy.metrics import InFlight
 from proxy.recall import NOTHING, Recall, recall
 from proxy.relay import to_response
@@ -281,6 +282,10 @@ class ChatExchange:
         self.attachments_count = 0
         # The question's embedding for recall, started early to overlap the other work.
         self.question_vector: asyncio.Task[Vector | None] | None = None
+        # What need not be done before the upstream call, done once its request has gone out
+        # (while the provider works), or at the latest once the call has ended.
+        self.while_upstream: list[Callable[[], None]] = []
+        self.counting: asyncio.Future[int] | None = None  # the prompt, for a stream's headers
 
     async def answer(self) -> Response[Any]:
         self.flight = InFlight(self.services.metrics.in_flight)
@@ -319,20 +324,20 @@ class ChatExchange:
             self.sent_messages = self.assembly.messages
         stream = self.info.stream
         drop_usage_chunk = False
-        counting: asyncio.Future[int] | None = None
         if stream:
             body, drop_usage_chunk = self._ask_for_usage(body)
             # The stream's headers carry the prompt side: counted while the upstream works.
-            counting = asyncio.ensure_future(self._count_prompt())
+            self.while_upstream.append(self._start_counting)
         forwarded = time.perf_counter()
         self.overhead_ms = (forwarded - self.info.started) * 1000
         try:
             reply = await self.services.shutdown.guard(
-                self.upstream.chat_completions(body, stream=stream)
+                self.upstream.chat_completions(body, stream=stream, sent=self._upstream_working)
             )
         except Exception as exc:
-            if counting is not None:
-                counting.cancel()
+            self._upstream_working()
+            if self.counting is not None:
+                self.counting.cancel()
             failure = exc if isinstance(exc, ProxyError) else ProxyError(repr(exc))
             outcome = Outcome(
                 "error",
@@ -347,8 +352,10 @@ class ChatExchange:
                 exc.headers = {**self._memory_headers(), **exc.headers}
             raise
         self.info.upstream_ms = (time.perf_counter() - forwarded) * 1000
+        self._upstream_working()  # (if the upstream did not say when its request went out)
 
         headers = self._memory_headers()
+        counting = self.counting
         if reply.chunks is not None:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(self.model, self.prompt_tokens)
@@ -381,6 +388,15 @@ class ChatExchange:
         if intent is not None:
             response.headers["x-memory-intent"] = intent.header()
         return response
+
+    def _upstream_working(self) -> None:
+        """The upstream's request has gone out: do what could wait until then, once."""
+        work, self.while_upstream = self.while_upstream, []
+        for step in work:
+            step()
+
+    def _start_counting(self) -> None:
+        self.counting = asyncio.ensure_future(self._count_prompt())
 
     def _memory_headers(self) -> dict[str, str]:
         return memory_headers(
@@ -743,7 +759,11 @@ class ChatExchange:
         intents, tenant_id = self.services.intents, self.principal.tenant_id
         history = [t.message for t in self.turn.history] if self.turn else []
         if self.turn is not None:
-            self.intent = self.turn.intent
+            if self.turn.unclassified is not None and not intents.uses_llm(tenant_id):
+                # Mode off: nothing attached depends on it; found while the upstream works.
+                self.while_upstream.append(self._classify_later)
+                return True
+            self.intent = classify(self.turn)
         else:  # storage failed: the request's own messages are all there is
             self.intent = intents.keyword(tenant_id, self.sent_messages)
         settings = self.principal.tenant.intent
@@ -755,11 +775,22 @@ class ChatExchange:
                 # Bounded by the classifier's own timeout; shielded so a client leaving does
                 # not cancel what the record still wants.
                 self.intent = (await asyncio.shield(self.llm_intent)).intent or self.intent
-        policy = settings.policies.get(self.intent.label) if self.intent else None
+        return self._policy_allows_memory()
+
+    def _policy_allows_memory(self) -> bool:
+        """False if the tenant's policy for the intent says to attach no stored context."""
+        policies = self.principal.tenant.intent.policies
+        policy = policies.get(self.intent.label) if self.intent else None
         if self.intent is not None and policy is not None and not policy.memory:
             self.attached_by_policy = {"label": self.intent.label, "memory": False}
             return False
         return True
+
+    def _classify_later(self) -> None:
+        assert self.turn is not None
+        self.intent = classify(self.turn)
+        if not self._policy_allows_memory():  # (in mode off, for the record only)
+            self.attached["intent_policy"] = self.attached_by_policy
 
     def _intent_now(self) -> tuple[Intent | None, Decimal | None]:
         """The intent for the headers (the LLM's if it has answered) and what the LLM call
@@ -814,6 +845,8 @@ class ChatExchange:
         if self.settled:
             return
         self.settled = True
+        if self.turn is not None and self.turn.unclassified is not None:
+            self._classify_later()  # (it ended before the upstream call: for the record)
         if self.flight is not None:
             self.flight.end()
         tenant = self.principal.tenant_id

@@ -91,6 +91,9 @@ class Turn:
     pending: NewExchange | None = None
     # The keyword intent of the newest user turn, once the history it may refer to is known.
     intent: Intent | None = None
+    # Mode off: what finds `intent` (nothing before the upstream call depends on it), for the
+    # caller to run when it suits it (`classify`).
+    unclassified: Callable[[], Intent | None] | None = None
     # Messages of this conversation from this seq on are newer than what this turn may see (a
     # replay sees the conversation as its original did): recall leaves them out.
     visible_before: int | None = None
@@ -224,6 +227,14 @@ def _classify(
     return turn.intent
 
 
+def classify(turn: Turn) -> Intent | None:
+    """The turn's keyword intent, found now if `begin()` left it for later (mode off)."""
+    if turn.unclassified is not None:
+        unclassified, turn.unclassified = turn.unclassified, None
+        unclassified()
+    return turn.intent
+
+
 def opening(
     *,
     request_id: str,
@@ -344,9 +355,9 @@ class ConversationMemory:
         )
         if mode == "off" and idempotency_key is None:
             # Nothing to store before the upstream call: the exchange is recorded whole when
-            # it ends, off the response path.
+            # it ends, off the response path; nor to classify (see `classify`).
             turn.pending = exchange
-            _classify(turn, exchange, intent_of, messages)
+            turn.unclassified = partial(_classify, turn, exchange, intent_of, messages)
             return turn
         count = await TokenCounter(model).prepare(messages)
         return await self.in_time(

@@ -9,7 +9,7 @@ its iterator, and the relay turns that into a final error event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,8 +39,13 @@ class Upstream(Protocol):
     # Whether streams may carry `stream_options.include_usage` to this upstream.
     stream_usage: bool
 
-    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
-        """Send a chat completion request; with `stream`, return before the body arrives."""
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        """Send a chat completion request; with `stream`, return before the body arrives.
+        `sent`, when the upstream can tell, is called once the request has gone out (maybe
+        again, if it is sent again): what the caller can leave until then runs while the
+        provider works rather than before the request leaves."""
         ...
 
     async def list_models(self) -> UpstreamReply:

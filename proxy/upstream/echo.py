@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -47,7 +47,10 @@ class EchoUpstream:
         self.stream_usage = config.stream_usage
         self._models = config.models or ["echo"]
 
-    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        # (`sent` is not called: the answer is made here, at once.)
         messages = body.get("messages") or []
         model = str(body.get("model", "echo"))
         prompt_tokens = count_messages(messages, model)

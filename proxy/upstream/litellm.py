@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -109,7 +109,10 @@ class LiteLLMUpstream:
             self._litellm = await asyncio.to_thread(_import_litellm)
         return self._litellm
 
-    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        # (`sent` is not called: litellm does not say when its request has gone out.)
         litellm = await self.load()
         params = {k: v for k, v in body.items() if k in REQUEST_FIELDS}
         if ignored := body.keys() - REQUEST_FIELDS - {"stream"}:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -39,12 +39,14 @@ class OpenAIUpstream:
         self._auth = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self._timeout = httpx.Timeout(config.timeout.read, connect=config.timeout.connect)
 
-    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
         headers = {"content-type": "application/json", **self._auth}
         if stream:
             headers["accept"] = "text/event-stream"
         return await self._send(
-            "POST", "/chat/completions", b"", headers, msgspec.json.encode(body), stream
+            "POST", "/chat/completions", b"", headers, msgspec.json.encode(body), stream, sent
         )
 
     async def list_models(self) -> UpstreamReply:
@@ -80,6 +82,7 @@ class OpenAIUpstream:
         headers: dict[str, str],
         content: bytes,
         stream: bool | None,
+        sent: Callable[[], None] | None = None,
     ) -> UpstreamReply:
         """Send and wait for the response head; `stream=None` streams whatever comes back."""
         # The path as sent: percent-encoded again (the route has it decoded), so nothing in it
@@ -87,7 +90,12 @@ class OpenAIUpstream:
         url = self._base + quote(path, safe=_PATH_SAFE)
         url += "?" + query.decode("latin-1") if query else ""
         request = self._client.build_request(
-            method, url, headers=headers, content=content, timeout=self._timeout
+            method,
+            url,
+            headers=headers,
+            content=content,
+            timeout=self._timeout,
+            extensions={"trace": _when_sent(sent)} if sent is not None else None,
         )
         try:
             try:
@@ -119,6 +127,17 @@ class OpenAIUpstream:
             chunks=ResponseChunks(response, self.name),
             media_type=media_type,
         )
+
+
+def _when_sent(sent: Callable[[], None]) -> Callable[[str, Any], Awaitable[None]]:
+    """An httpcore trace callback (the request's `trace` extension) that calls `sent` once
+    the request's body has been written."""
+
+    async def trace(event: str, info: Any) -> None:
+        if event.endswith(".send_request_body.complete"):
+            sent()
+
+    return trace
 
 
 class ResponseChunks:

@@ -53,13 +53,15 @@ class ResilientUpstream:
     def __getattr__(self, name: str) -> Any:  # list_models, passthrough, embeddings, load...
         return getattr(self.inner, name)
 
-    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
         attempt = 0
         while True:
             attempt += 1
             trial = self._admit()
             try:
-                reply = await self.inner.chat_completions(body, stream=stream)
+                reply = await self.inner.chat_completions(body, stream=stream, sent=sent)
             except UpstreamStatusError as exc:  # (litellm's: the provider's own error status)
                 self._record(exc.status, trial)
                 wait = self._wait(attempt, exc.status, exc.headers)

@@ -9,6 +9,7 @@ first chunk of a stream reaches the client while the classifier's request is sti
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import openai
 import pytest
 
 from policies.intent import KeywordClassifier
+from proxy import completions
 from proxy.config import (
     Config,
     IntentPolicy,
@@ -153,6 +155,57 @@ async def test_keyword_intent_is_in_the_header_the_message_and_the_exchange(
     assert (stored["label"], stored["method"]) == ("question", "keyword")
     assert "intent" not in messages[1]["metadata"]  # the reply has none
     assert judge.requests == []  # keyword mode never calls a model
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_in_mode_off_the_intent_is_found_while_the_upstream_works(
+    sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]],
+    fake: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    # Nothing sent upstream depends on it in mode off: the request goes out first, and the
+    # keyword classifier (and a stream's prompt count, for its headers) runs while the
+    # upstream works. The header and the record still say it.
+    # Each step notes whether the upstream has the request: it waits a little for it (the
+    # request may still be on its way to the upstream's thread), which holds up the proxy, so a
+    # step run before the request went out would wait in vain.
+    upstream_had: dict[str, int] = {}
+
+    def upstream_requests() -> int:
+        for _ in range(100):
+            if fake.chat_requests:
+                break
+            time.sleep(0.02)
+        return len(fake.chat_requests)
+
+    keyword = KeywordClassifier.classify
+
+    def classify(self: KeywordClassifier, *args: Any, **kwargs: Any) -> Any:
+        upstream_had["classified"] = upstream_requests()
+        return keyword(self, *args, **kwargs)
+
+    count = completions.count_prompt
+
+    async def count_prompt(*args: Any, **kwargs: Any) -> int:
+        upstream_had["counted"] = upstream_requests()
+        return await count(*args, **kwargs)
+
+    monkeypatch.setattr(KeywordClassifier, "classify", classify)
+    monkeypatch.setattr(completions, "count_prompt", count_prompt)
+    _, http = sessions()
+    body = {"model": "gpt-4o-mini", "messages": ask("what is the boiling point of water?")}
+    async with http.stream(
+        "POST",
+        "/chat/completions",
+        json={**body, "stream": stream},
+        headers={"x-memory-mode": "off"},
+    ) as response:
+        assert response.status_code == 200
+        await response.aread()
+    assert upstream_had == ({"classified": 1, "counted": 1} if stream else {"classified": 1})
+    assert response.headers["x-memory-intent"].startswith("question;")
+    assert (await exchange(http, response.headers["x-request-id"]))["intent"] == "question"
 
 
 async def test_a_follow_up_is_recognised_from_the_stored_history_of_a_thin_client(
@@ -398,10 +451,13 @@ async def test_an_llm_answer_after_the_stream_updates_the_record(
         assert listed.json()["data"][0]["metadata"]["intent"]["method"] == "llm"
 
 
-async def test_a_failed_request_still_says_its_intent(serve_proxy: ServeProxy) -> None:
+@pytest.mark.parametrize("mode", ["full", "off"])
+async def test_a_failed_request_still_says_its_intent(serve_proxy: ServeProxy, mode: str) -> None:
+    # (In mode off the request goes out before the intent is found: here it never does.)
     gone = UpstreamConfig(kind="openai", base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="k")
     base = serve_proxy(make_config(gone))
-    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http:
+    headers = {"authorization": f"Bearer {KEY}", "x-memory-mode": mode}
+    async with httpx.AsyncClient(base_url=base, headers=headers) as http:
         response = await http.post(
             "/chat/completions",
             json={"model": "gpt-4o-mini", "messages": ask("what is the capital of peru?")},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -128,7 +129,9 @@ class Scripted:
     def __init__(self, *outcomes: BaseException | UpstreamReply) -> None:
         self.outcomes, self.calls = list(outcomes), 0
 
-    async def chat_completions(self, body: dict[str, Any], *, stream: bool) -> UpstreamReply:
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
         self.calls += 1
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, BaseException):
