@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -37,7 +38,12 @@ class OpenAIUpstream:
         self._client = client
         self._base = config.base_url or "https://api.openai.com/v1"
         self._auth = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._timeout = httpx.Timeout(config.timeout.read, connect=config.timeout.connect)
+        timeout = httpx.Timeout(config.timeout.read, connect=config.timeout.connect)
+        self._timeout = {"timeout": timeout.as_dict()}  # (the request extension)
+        # The request as `build_request` would make it (the client's default headers under
+        # ours), made directly: merging each request's URL, headers and cookies with the
+        # client's cost a quarter of a millisecond of the proxy's own time on every call.
+        self._defaults = dict(client.headers)
 
     async def chat_completions(
         self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
@@ -89,13 +95,15 @@ class OpenAIUpstream:
         # reads as a query, a fragment or a dot segment (the passthrough also refuses those).
         url = self._base + quote(path, safe=_PATH_SAFE)
         url += "?" + query.decode("latin-1") if query else ""
-        request = self._client.build_request(
+        extensions: dict[str, Any] = {**self._timeout}  # (its own: httpcore may add to it)
+        if sent is not None:
+            extensions["trace"] = _when_sent(sent)
+        request = httpx.Request(
             method,
-            url,
-            headers=headers,
+            _parsed(url),
+            headers={**self._defaults, **headers},
             content=content,
-            timeout=self._timeout,
-            extensions={"trace": _when_sent(sent)} if sent is not None else None,
+            extensions=extensions,
         )
         try:
             try:
@@ -127,6 +135,12 @@ class OpenAIUpstream:
             chunks=ResponseChunks(response, self.name),
             media_type=media_type,
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(url: str) -> httpx.URL:
+    """A URL parsed once (an upstream's few paths are asked for again and again)."""
+    return httpx.URL(url)
 
 
 def _when_sent(sent: Callable[[], None]) -> Callable[[str, Any], Awaitable[None]]:

@@ -50,6 +50,12 @@ async def test_request_is_forwarded_with_upstream_key_and_unknown_fields() -> No
     assert sent.headers["authorization"] == "Bearer sk-up"
     assert httpx.Response(200, content=sent.content).json() == BODY
     assert reply.status == 200 and reply.body == b'{"ok":true}'
+    # As the client would have built it: its default headers under ours, the upstream's
+    # timeouts (read: 1 s, from the config).
+    assert sent.headers["user-agent"] == client.headers["user-agent"]
+    assert sent.headers["content-type"] == "application/json"
+    assert sent.headers["host"] == "upstream.test"
+    assert sent.extensions["timeout"] == {"connect": 5.0, "read": 1.0, "write": 1.0, "pool": 1.0}
 
 
 @respx.mock
