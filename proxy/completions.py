@@ -338,6 +338,8 @@ class ChatExchange:
             self._upstream_working()
             if self.counting is not None:
                 self.counting.cancel()
+            if not isinstance(exc, ProxyError):  # (the upstreams raise only ProxyErrors)
+                log.exception("upstream_call_failed", request_id=self.request_id)
             failure = exc if isinstance(exc, ProxyError) else ProxyError(repr(exc))
             outcome = Outcome(
                 "error",
@@ -377,7 +379,13 @@ class ChatExchange:
             outcome = await self._whole_outcome(reply.status, reply.body or b"", forwarded)
             assert outcome.bill is not None
             bill = outcome.bill
-            await self.settle(outcome)
+            if self.turn is not None and self.turn.pending is not None:
+                # Its record is written in a batch after the response: counting it (metrics,
+                # the tenant's limits) waits until the response is on its way too.
+                self.settled = True
+                self.services.spawn(self._settle(outcome))
+            else:
+                await self.settle(outcome)
             response = to_response(self.request, reply, headers=headers)
         intent, intent_usd = self._intent_now()
         artifacts_usd = self.attached_artifacts.cost
@@ -845,6 +853,9 @@ class ChatExchange:
         if self.settled:
             return
         self.settled = True
+        await self._settle(outcome)
+
+    async def _settle(self, outcome: Outcome) -> None:
         if self.turn is not None and self.turn.unclassified is not None:
             self._classify_later()  # (it ended before the upstream call: for the record)
         if self.flight is not None:

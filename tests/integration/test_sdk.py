@@ -17,8 +17,10 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from proxy import app as app_module
 from proxy.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
 from proxy.http_shards import SHARDS
+from proxy.metrics import Metrics
 from tests.conftest import CHAT_ONLY_KEY, KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, sse
 
@@ -143,6 +145,41 @@ async def test_streams_leave_their_upstream_connection_open_for_the_next_request
     connections = {r.client for r in fake.requests}
     assert None not in connections
     assert len(connections) <= SHARDS
+
+
+async def test_in_mode_off_a_whole_reply_is_sent_before_the_exchange_is_counted(
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Mode off records the exchange later, in a batch: its counting (metrics, the tenant's
+    # limits) waits for the response to be on its way too. A stored turn's reply on SQLite is
+    # counted first, as before.
+    events: list[str] = []
+    hook = app_module.access_hook
+
+    async def watched(message: Any, scope: Any) -> None:
+        last = message["type"] == "http.response.body" and not message.get("more_body")
+        if last and scope.get("path") == "/v1/chat/completions":
+            events.append("sent")  # (the hook runs just before the message is sent)
+        await hook(message, scope)
+
+    observe = Metrics.observe_chat
+
+    def counted(self: Metrics, *args: Any, **kwargs: Any) -> None:
+        events.append("counted")
+        observe(self, *args, **kwargs)
+
+    monkeypatch.setattr(app_module, "access_hook", watched)
+    monkeypatch.setattr(Metrics, "observe_chat", counted)
+    url = serve_proxy(make_config(openai_upstream(fake_upstream[1])))
+    async with sdk(url) as client:
+        for mode in ("off", "full"):
+            await client.chat.completions.create(
+                model="gpt-4o-mini", messages=USER_HELLO, extra_headers={"X-Memory-Mode": mode}
+            )
+            await wait_until(lambda: len(events) in (2, 4))
+    assert events == ["sent", "counted", "counted", "sent"]
 
 
 async def test_stream_include_usage_adds_a_final_usage_chunk(
