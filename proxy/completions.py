@@ -456,6 +456,10 @@ class ChatExchange:
             await self._degrade(exc)
         use_memory = await self._classify()
         turn = self.turn
+        if turn is not None and turn.pending is not None and not self.inline:
+            # Mode off, with no documents of its own: nothing to attach or to work out.
+            self.attached = self._attached_record(None, NOTHING)
+            return
         ctx = tenant.context
         window = self.services.context_window(self.model)
         budget = Budget(
@@ -517,19 +521,24 @@ class ChatExchange:
         self.attachments_count = attached.count if sent else 0
         if recalled.memory_pks and turn is not None:
             self._count_memory_use(turn, recalled.memory_pks)
-        self.attached = {
+        self.attached = self._attached_record(assembly, recalled)
+        if (summary := summarized.recorded(assembly)) is not None:
+            self.attached["summary"] = summary
+        if attached.items or attached.storage_failed:
+            self.attached["attachments"] = attached.record(sent=sent)
+
+    def _attached_record(self, assembly: Assembly | None, recalled: Recall) -> dict[str, Any]:
+        """What the exchange record says was attached (`attached`)."""
+        record = {
             "history_messages": assembly.history_messages if assembly else 0,
             "context_tokens": assembly.context_tokens if assembly else 0,
             "dropped_for_window": assembly.dropped_for_window if assembly else 0,
             "recalled": recalled.record(),
             "recall_ms": self.recall_ms,
         }
-        if (summary := summarized.recorded(assembly)) is not None:
-            self.attached["summary"] = summary
-        if attached.items or attached.storage_failed:
-            self.attached["attachments"] = attached.record(sent=sent)
         if self.attached_by_policy is not None:
-            self.attached["intent_policy"] = self.attached_by_policy
+            record["intent_policy"] = self.attached_by_policy
+        return record
 
     async def _after_spilled_turns(self) -> None:
         """Earlier turns of this user waiting in the spill go into the database first (or

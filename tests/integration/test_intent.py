@@ -379,6 +379,18 @@ async def test_a_label_policy_can_leave_out_stored_context(
         model="gpt-4o-mini", messages=ask("and its population?"), extra_headers=thin
     )
     assert raw.headers["x-memory-history-messages"] == "4"
+    # In mode off (where its label is found while the upstream works) the record says so too.
+    raw = await sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=ask("good night!"), extra_headers={"X-Memory-Mode": "off"}
+    )
+    assert (await exchange(http, raw.headers["x-request-id"]))["attached"] == {
+        "history_messages": 0,
+        "context_tokens": 0,
+        "dropped_for_window": 0,
+        "recalled": [],
+        "recall_ms": None,
+        "intent_policy": {"label": "chitchat", "memory": False},
+    }
 
 
 async def test_a_tenant_can_wait_for_the_llm_label_before_acting_on_it(
