@@ -18,9 +18,10 @@ no follow-up.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies.intent_labels import DEFAULT_LABELS, FOLLOW_UP, OTHER, TASK_VERBS, LabelSpec
@@ -41,7 +42,17 @@ class Intent:
     clarifying_question: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # (`asdict` copies field by field, recursively: several times slower on every turn)
+        return {
+            "label": self.label,
+            "confidence": self.confidence,
+            "method": self.method,
+            "entities": copy.deepcopy(self.entities),
+            "reasoning": self.reasoning,
+            "is_ambiguous": self.is_ambiguous,
+            "alternative_label": self.alternative_label,
+            "clarifying_question": self.clarifying_question,
+        }
 
     def header(self) -> str:
         """`x-memory-intent`: `label;confidence;method`."""
@@ -175,6 +186,8 @@ class _Compiled:
     weight: float
     keywords: re.Pattern[str] | None  # every keyword in one alternation
     patterns: tuple[tuple[str, re.Pattern[str]], ...]
+    # Whether any of the patterns matches, in one search (None: they cannot be combined).
+    any_pattern: re.Pattern[str] | None
 
     def hits(self, turn: str) -> list[str]:
         found = (
@@ -182,7 +195,25 @@ class _Compiled:
             if (self.keywords)
             else []
         )
+        if not self.patterns or (self.any_pattern and not self.any_pattern.search(turn)):
+            return found  # (most turns match none of a label's patterns)
         return found + [p for p, rx in self.patterns if rx.search(turn)]
+
+
+# What a pattern may hold that would mean something else inside a combined alternation: a
+# numbered or named backreference or a conditional on a group (the groups are renumbered),
+# global flags.
+_UNCOMBINABLE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(|\(\?[aiLmsux]+\)")
+
+
+def _any_of(patterns: Sequence[str]) -> re.Pattern[str] | None:
+    """One alternation of `patterns`: it matches a text exactly when one of them does."""
+    if not patterns or any(_UNCOMBINABLE.search(p) for p in patterns):
+        return None
+    try:
+        return re.compile("|".join(f"(?:{p})" for p in patterns))
+    except re.error:  # (e.g. a group name used by two of them)
+        return None
 
 
 def _compile(labels: Mapping[str, LabelSpec]) -> tuple[_Compiled, ...]:
@@ -196,7 +227,7 @@ def _compile(labels: Mapping[str, LabelSpec]) -> tuple[_Compiled, ...]:
             else None
         )
         patterns = tuple((p, re.compile(p)) for p in spec.patterns)
-        compiled.append(_Compiled(name, spec.weight, keywords, patterns))
+        compiled.append(_Compiled(name, spec.weight, keywords, patterns, _any_of(spec.patterns)))
     return tuple(compiled)
 
 

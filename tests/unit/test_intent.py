@@ -4,6 +4,8 @@ what an LLM answers."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -263,3 +265,55 @@ def test_an_unknown_intent_upstream_is_a_config_error(tmp_path: Any) -> None:
     path.write_text("tenants:\n  t:\n    api_keys: [k]\n    intent: {upstream: nowhere}\n")
     with pytest.raises(ConfigError, match=r"tenants\.t\.intent\.upstream"):
         load_config(path)
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _texts() -> list[tuple[str, list[dict[str, Any]]]]:
+    rows = []
+    for name in ("intent_eval.jsonl", "intent_tune.jsonl"):
+        with (DATA / name).open(encoding="utf-8") as lines:
+            rows += [json.loads(line) for line in lines if line.strip()]
+    return [(row["text"], row["history"]) for row in rows]
+
+
+def test_each_labels_patterns_searched_at_once_find_what_each_alone_finds() -> None:
+    # One search over all of a label's patterns first (most turns match none): the same
+    # labels, confidences and reasons as searching each pattern, on both intent datasets.
+    combined = KeywordClassifier()
+    one_by_one = KeywordClassifier()
+    one_by_one._compiled = tuple(replace(c, any_pattern=None) for c in one_by_one._compiled)
+    assert all(c.any_pattern is not None for c in combined._compiled if c.patterns)
+    texts = _texts()
+    assert len(texts) > 500
+    for text, history in texts:
+        assert combined.classify(text, history) == one_by_one.classify(text, history), text
+
+
+def test_a_pattern_with_a_backreference_is_searched_on_its_own() -> None:
+    # Inside one alternation `\1` would name another group: such a label's patterns are
+    # searched one by one.
+    labels = {
+        "echo": LabelSpec(
+            description="a word twice", patterns=(r"^(again|more)\b", r"\b(\w+) \1\b")
+        )
+    }
+    classifier = KeywordClassifier(labels)
+    assert classifier.classify("it was very very good").label == "echo"
+    assert classifier.classify("it was very good").label != "echo"
+
+
+def test_intent_as_dict_is_every_field() -> None:
+    intent = Intent(
+        "task",
+        0.7,
+        "llm",
+        entities={"topic": ["bread", {"kind": "rye"}]},
+        reasoning="asks for a recipe",
+        is_ambiguous=True,
+        alternative_label="question",
+        clarifying_question="which bread?",
+    )
+    assert intent.as_dict() == asdict(intent)
+    assert intent.as_dict()["entities"] is not intent.entities  # (a copy, as asdict makes)
