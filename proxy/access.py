@@ -8,6 +8,7 @@ request's `RequestInfo`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,18 @@ class RequestInfo:
     outcome: str = "ok"
     code: str | None = None  # an error response's `code`
     logged: bool = False
+    _ended: asyncio.Event | None = None  # set with `logged`, for `ended()`
+
+    async def ended(self, at_most: float) -> None:
+        """Until the response has gone out (its access line is written), at most `at_most`
+        seconds."""
+        if self.logged:
+            return
+        if self._ended is None:
+            self._ended = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await self._ended.wait()
 
     def failed(self, status: int, code: str | None, *, upstream: bool = False) -> None:
         """An error response: what the access line says of it."""
@@ -103,6 +116,8 @@ def log_access(scope: Scope | dict[str, Any], info: RequestInfo) -> None:
     if info.logged:
         return
     info.logged = True
+    if info._ended is not None:
+        info._ended.set()
     quiet = info.status < 400 and scope.get("path") in PROBES
     (log.debug if quiet else log.info)(
         "request",

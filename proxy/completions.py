@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -27,7 +27,7 @@ from policies.context import (
 from policies.intent import Intent
 from policies.pricing import ZERO, Usage
 from policies.tokens import count_message, count_messages, message_text, upper_bound_tokens
-from proxy.access import request_info
+from proxy.access import RequestInfo, request_info
 from proxy.artifacts import NOTHING_ATTACHED, Attached
 from proxy.auth import Principal
 from proxy.costs import count_prompt, nothing_billed
@@ -207,21 +207,35 @@ class ChatStreamObserver:
         await self.chat.settle(await self._outcome(status, error))
 
 
-async def record(services: AppState, turn: Turn, outcome: Outcome) -> None:
+# How long a reply written after its response waits for that response to end (it normally
+# ends a moment later; past this the write goes ahead).
+RESPONSE_END_WAIT = 1.0
+
+
+async def record(
+    services: AppState, turn: Turn, outcome: Outcome, info: RequestInfo | None = None
+) -> None:
     """Store the outcome; a storage failure here is logged, never raised into the response.
 
     A turn that stored nothing beforehand (mode off) is recorded later, in a batch; a reply may
     be written just after the response (ConversationMemory.reply_after_response), with the next
-    request of the same user waiting for it. The client waits only for what it must."""
+    request of the same user waiting for it: once the response has gone out (`info`), since the
+    write's work in its thread would hold the interpreter while the response's last bytes wait.
+    The client waits only for what it must."""
     if turn.pending is not None:
         services.deferred.add(turn, outcome)
     elif services.memory.reply_after_response:
-        services.memory.track(turn, services.spawn(_record(services, turn, outcome)))
+        after = info.ended(RESPONSE_END_WAIT) if info is not None else None
+        services.memory.track(turn, services.spawn(_record(services, turn, outcome, after)))
     else:
         await _record(services, turn, outcome)
 
 
-async def _record(services: AppState, turn: Turn, outcome: Outcome) -> None:
+async def _record(
+    services: AppState, turn: Turn, outcome: Outcome, after: Awaitable[None] | None = None
+) -> None:
+    if after is not None:
+        await after
     try:
         await services.memory.finish(turn, outcome)
     except StorageError as exc:
@@ -886,7 +900,7 @@ class ChatExchange:
             usage = outcome.bill.usage
             self.services.limits.spend(tenant, usage.total_tokens, outcome.bill.upstream_usd)
         if self.turn is not None:
-            await record(self.services, self.turn, outcome)
+            await record(self.services, self.turn, outcome, self.info)
         elif self.spilled:  # its turn is in the spill: the outcome goes after it
             head = self._spill_head()
             await spill_outcome(self.services, spilled_outcome(*head, outcome, turn=None))

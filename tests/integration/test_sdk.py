@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from proxy import app as app_module
 from proxy.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
 from proxy.http_shards import SHARDS
+from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
 from tests.conftest import CHAT_ONLY_KEY, KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, sse
@@ -180,6 +181,49 @@ async def test_in_mode_off_a_whole_reply_is_sent_before_the_exchange_is_counted(
             )
             await wait_until(lambda: len(events) in (2, 4))
     assert events == ["sent", "counted", "counted", "sent"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_on_sqlite_a_reply_is_written_once_its_response_has_gone_out(
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    # The write's work in its thread would hold the interpreter while the response's last
+    # bytes wait: it starts once they have gone (and the user's next turn still sees it).
+    events: list[str] = []
+    hook = app_module.access_hook
+
+    async def watched(message: Any, scope: Any) -> None:
+        last = message["type"] == "http.response.body" and not message.get("more_body")
+        if last and scope.get("path") == "/v1/chat/completions":
+            events.append("sent")  # (the hook runs just before the message is sent)
+        await hook(message, scope)
+
+    finish = ConversationMemory.finish
+
+    async def written(self: ConversationMemory, *args: Any, **kwargs: Any) -> Any:
+        events.append("write")
+        return await finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(app_module, "access_hook", watched)
+    monkeypatch.setattr(ConversationMemory, "finish", written)
+    url = serve_proxy(make_config(openai_upstream(fake_upstream[1])))
+    thin = {"X-Memory-Conversation-Id": "c1", "X-Memory-User-Id": "u1"}
+    async with sdk(url) as client:
+        for turn in ("hello", "again"):
+            answer = await client.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": turn}],
+                stream=stream,
+                extra_headers=thin,
+            )
+            if stream:
+                assert [chunk async for chunk in answer.parse()]  # type: ignore[union-attr]
+            await wait_until(lambda: events.count("write") == events.count("sent"))
+    assert events == ["sent", "write", "sent", "write"]
+    assert answer.headers["x-memory-history-messages"] == "2"  # the first reply was there
 
 
 async def test_stream_include_usage_adds_a_final_usage_chunk(

@@ -67,3 +67,19 @@ async def test_the_access_line_is_written_after_the_last_body_message_is_sent(
         200,
         "ok",
     )
+
+
+async def test_ended_waits_for_the_access_line_and_no_longer_than_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(access, "log", Lines())
+    scope: dict[str, Any] = {"type": "http", "path": "/v1/chat/completions", "state": {}}
+    info = access.request_info(scope)
+    waiting = asyncio.ensure_future(info.ended(60))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    access.log_access(scope, info)
+    await asyncio.wait_for(waiting, 5)  # (woken by the line, long before its 60 s)
+    await info.ended(60)  # written already: at once
+    # A response whose line never comes: the wait ends at its bound all the same.
+    await access.request_info({"type": "http", "state": {}}).ended(0.01)
