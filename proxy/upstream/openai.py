@@ -93,14 +93,15 @@ class OpenAIUpstream:
         """Send and wait for the response head; `stream=None` streams whatever comes back."""
         # The path as sent: percent-encoded again (the route has it decoded), so nothing in it
         # reads as a query, a fragment or a dot segment (the passthrough also refuses those).
-        url = self._base + quote(path, safe=_PATH_SAFE)
-        url += "?" + query.decode("latin-1") if query else ""
+        url = _parsed(self._base + quote(path, safe=_PATH_SAFE))
+        if query:  # (a client's query string is not kept in the cache)
+            url = url.copy_with(query=query)
         extensions: dict[str, Any] = {**self._timeout}  # (its own: httpcore may add to it)
         if sent is not None:
             extensions["trace"] = _when_sent(sent)
         request = httpx.Request(
             method,
-            _parsed(url),
+            url,
             headers={**self._defaults, **headers},
             content=content,
             extensions=extensions,
@@ -139,7 +140,7 @@ class OpenAIUpstream:
 
 @functools.lru_cache(maxsize=1024)
 def _parsed(url: str) -> httpx.URL:
-    """A URL parsed once (an upstream's few paths are asked for again and again)."""
+    """A URL parsed once (an upstream's paths are asked for again and again)."""
     return httpx.URL(url)
 
 
