@@ -148,6 +148,20 @@ async def test_streams_leave_their_upstream_connection_open_for_the_next_request
     assert len(connections) <= SHARDS
 
 
+def note_sends(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """Appends "sent" to `events` as a chat completion's last body message goes out (in the
+    apps started after this)."""
+    hook = app_module.access_hook
+
+    async def watched(message: Any, scope: Any) -> None:
+        last = message["type"] == "http.response.body" and not message.get("more_body")
+        if last and scope.get("path") == "/v1/chat/completions":
+            events.append("sent")  # (the hook runs just before the message is sent)
+        await hook(message, scope)
+
+    monkeypatch.setattr(app_module, "access_hook", watched)
+
+
 async def test_in_mode_off_a_whole_reply_is_sent_before_the_exchange_is_counted(
     fake_upstream: tuple[FakeOpenAI, str],
     serve_proxy: ServeProxy,
@@ -157,21 +171,13 @@ async def test_in_mode_off_a_whole_reply_is_sent_before_the_exchange_is_counted(
     # limits) waits for the response to be on its way too. A stored turn's reply on SQLite is
     # counted first, as before.
     events: list[str] = []
-    hook = app_module.access_hook
-
-    async def watched(message: Any, scope: Any) -> None:
-        last = message["type"] == "http.response.body" and not message.get("more_body")
-        if last and scope.get("path") == "/v1/chat/completions":
-            events.append("sent")  # (the hook runs just before the message is sent)
-        await hook(message, scope)
-
     observe = Metrics.observe_chat
 
     def counted(self: Metrics, *args: Any, **kwargs: Any) -> None:
         events.append("counted")
         observe(self, *args, **kwargs)
 
-    monkeypatch.setattr(app_module, "access_hook", watched)
+    note_sends(monkeypatch, events)
     monkeypatch.setattr(Metrics, "observe_chat", counted)
     url = serve_proxy(make_config(openai_upstream(fake_upstream[1])))
     async with sdk(url) as client:
@@ -193,21 +199,13 @@ async def test_on_sqlite_a_reply_is_written_once_its_response_has_gone_out(
     # The write's work in its thread would hold the interpreter while the response's last
     # bytes wait: it starts once they have gone (and the user's next turn still sees it).
     events: list[str] = []
-    hook = app_module.access_hook
-
-    async def watched(message: Any, scope: Any) -> None:
-        last = message["type"] == "http.response.body" and not message.get("more_body")
-        if last and scope.get("path") == "/v1/chat/completions":
-            events.append("sent")  # (the hook runs just before the message is sent)
-        await hook(message, scope)
-
     finish = ConversationMemory.finish
 
     async def written(self: ConversationMemory, *args: Any, **kwargs: Any) -> Any:
         events.append("write")
         return await finish(self, *args, **kwargs)
 
-    monkeypatch.setattr(app_module, "access_hook", watched)
+    note_sends(monkeypatch, events)
     monkeypatch.setattr(ConversationMemory, "finish", written)
     url = serve_proxy(make_config(openai_upstream(fake_upstream[1])))
     thin = {"X-Memory-Conversation-Id": "c1", "X-Memory-User-Id": "u1"}
