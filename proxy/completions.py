@@ -340,8 +340,12 @@ class ChatExchange:
         drop_usage_chunk = False
         if stream:
             body, drop_usage_chunk = self._ask_for_usage(body)
-            # The stream's headers carry the prompt side: counted while the upstream works.
-            self.while_upstream.append(self._start_counting)
+            # The stream's headers carry the prompt side: counted while the upstream works
+            # (from when its request has gone out, if the upstream says when).
+            if self.upstream.reports_sent:
+                self.while_upstream.append(self._start_counting)
+            else:
+                self._start_counting()
         forwarded = time.perf_counter()
         self.overhead_ms = (forwarded - self.info.started) * 1000
         try:
@@ -996,6 +1000,8 @@ async def chat_completion(
         return await chat.answer()
     except ProxyError as exc:
         _bill_nothing(exc)
+        if chat.turn is not None and chat.turn.unclassified is not None:
+            chat._classify_later()  # (mode off, failed before its upstream call)
         if chat.intent is not None:  # classified before it failed (e.g. the upstream timed out)
             exc.headers = {"x-memory-intent": chat.intent.header(), **exc.headers}
         raise

@@ -38,6 +38,8 @@ class Upstream(Protocol):
     kind: str
     # Whether streams may carry `stream_options.include_usage` to this upstream.
     stream_usage: bool
+    # Whether `chat_completions` calls its `sent` callback (else the caller cannot wait for it).
+    reports_sent: bool
 
     async def chat_completions(
         self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None

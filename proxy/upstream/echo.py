@@ -41,6 +41,7 @@ def describe(messages: list[dict[str, Any]], prompt_tokens: int) -> str:
 
 class EchoUpstream:
     kind = "echo"
+    reports_sent = False
 
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name

@@ -96,6 +96,7 @@ def _import_litellm() -> Any:
 
 class LiteLLMUpstream:
     kind = "litellm"
+    reports_sent = False
 
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name

@@ -31,6 +31,7 @@ def map_transport_error(exc: httpx.HTTPError, upstream: str) -> UpstreamError:
 
 class OpenAIUpstream:
     kind = "openai"
+    reports_sent = True
 
     def __init__(self, name: str, config: UpstreamConfig, client: httpx.AsyncClient) -> None:
         self.name = name

@@ -43,6 +43,7 @@ class ResilientUpstream:
     ) -> None:
         self.inner = inner
         self.name, self.kind, self.stream_usage = inner.name, inner.kind, inner.stream_usage
+        self.reports_sent = inner.reports_sent
         self._retries = config.retries
         breaker = config.breaker
         self.breaker = (

@@ -19,8 +19,10 @@ import httpx
 import openai
 import pytest
 
+from proxy import completions
 from proxy.app import create_app
 from proxy.config import Config, TimeoutConfig, UpstreamConfig
+from proxy.upstream.litellm import LiteLLMUpstream
 from tests.conftest import KEY, make_config
 from tests.fakes.anthropic_upstream import (
     API_KEY,
@@ -299,6 +301,32 @@ async def test_streamed_completion_arrives_as_openai_chunks(
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert fake.message_requests[-1]["stream"] is True
+
+
+async def test_a_streams_prompt_is_counted_while_litellm_works(
+    client: openai.AsyncOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # litellm does not say when its request has gone out: the count for the stream's headers
+    # starts with the call, not after it has returned.
+    events: list[str] = []
+    call = LiteLLMUpstream.chat_completions
+
+    async def calling(self: LiteLLMUpstream, *args: Any, **kwargs: Any) -> Any:
+        reply = await call(self, *args, **kwargs)
+        events.append("returned")
+        return reply
+
+    count = completions.count_prompt
+
+    async def counting(*args: Any, **kwargs: Any) -> int:
+        events.append("counting")
+        return await count(*args, **kwargs)
+
+    monkeypatch.setattr(LiteLLMUpstream, "chat_completions", calling)
+    monkeypatch.setattr(completions, "count_prompt", counting)
+    stream = await client.chat.completions.create(model=MODEL, messages=HELLO, stream=True)
+    assert [chunk async for chunk in stream]
+    assert events == ["counting", "returned"]
 
 
 async def test_every_streamed_chunk_matches_openai_schema(

@@ -124,7 +124,7 @@ def test_a_trial_under_way_when_the_circuit_closes_counts_as_any_call() -> None:
 class Scripted:
     """An upstream (the seam) that raises or answers from a script, counting its calls."""
 
-    name, kind, stream_usage = "scripted", "litellm", True
+    name, kind, stream_usage, reports_sent = "scripted", "litellm", True, False
 
     def __init__(self, *outcomes: BaseException | UpstreamReply) -> None:
         self.outcomes, self.calls = list(outcomes), 0
