@@ -822,7 +822,9 @@ class ChatExchange:
         return True
 
     def _classify_later(self) -> None:
-        assert self.turn is not None
+        """Mode off: the keyword intent `begin()` left for later, found now (once)."""
+        if self.turn is None or self.turn.unclassified is None:
+            return
         self.intent = classify(self.turn)
         if not self._policy_allows_memory():  # (in mode off, for the record only)
             self.attached["intent_policy"] = self.attached_by_policy
@@ -883,8 +885,7 @@ class ChatExchange:
         await self._settle(outcome)
 
     async def _settle(self, outcome: Outcome) -> None:
-        if self.turn is not None and self.turn.unclassified is not None:
-            self._classify_later()  # (it ended before the upstream call: for the record)
+        self._classify_later()  # (if it ended before its upstream call: for the record)
         if self.flight is not None:
             self.flight.end()
         tenant = self.principal.tenant_id
@@ -1000,8 +1001,7 @@ async def chat_completion(
         return await chat.answer()
     except ProxyError as exc:
         _bill_nothing(exc)
-        if chat.turn is not None and chat.turn.unclassified is not None:
-            chat._classify_later()  # (mode off, failed before its upstream call)
+        chat._classify_later()  # (mode off, if it failed before its upstream call)
         if chat.intent is not None:  # classified before it failed (e.g. the upstream timed out)
             exc.headers = {"x-memory-intent": chat.intent.header(), **exc.headers}
         raise

@@ -142,9 +142,14 @@ def _never_relayed(
     log_access(request.scope, info)
     if observer is not None:
         observer.abandon()
+    _in_background(_close(chunks))
+
+
+async def _close(chunks: AsyncIterator[bytes]) -> None:
+    """Close the upstream's response (an iterator that can be closed)."""
     aclose = getattr(chunks, "aclose", None)
     if aclose is not None:
-        _in_background(aclose())
+        await aclose()
 
 
 async def _drain(iterator: AsyncIterator[bytes], chunks: AsyncIterator[bytes]) -> None:
@@ -159,9 +164,7 @@ async def _drain(iterator: AsyncIterator[bytes], chunks: AsyncIterator[bytes]) -
     except Exception:  # (a timeout, or the upstream failing after its answer: nothing lost)
         pass
     finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await _close(chunks)
 
 
 async def _unguarded(next_chunk: Awaitable[bytes]) -> bytes:
@@ -243,6 +246,4 @@ async def relay(
         if answered:
             _in_background(_drain(iterator, chunks))
         else:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await _close(chunks)
