@@ -9,7 +9,6 @@ partial or none) and closes the exchange.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -659,7 +658,7 @@ def finish_in(
         # (not deleted, or its user erased, while the upstream answered).
         conv = Conversations(conn).still(turn.tenant_id, conv.id, conv.pk, conv.user_id)
     if turn.pending is not None:  # nothing was written for it yet
-        Exchanges(conn).insert_finished([pending_fields(turn.pending) | fields])
+        Exchanges(conn).insert_finished([turn.pending.row() | fields])
     else:
         Exchanges(conn).finish(turn.tenant_id, turn.request_id, **fields)
     if turn.extract and stored == "complete":  # with the reply, or not at all
@@ -680,11 +679,7 @@ def finish_in(
         Jobs(conn).enqueue(turn.tenant_id, turn.user_id, SUMMARIZE, ref, now=now(), payload=payload)
 
 
-def pending_fields(pending: NewExchange) -> dict[str, Any]:
-    return {f.name: getattr(pending, f.name) for f in dataclasses.fields(pending)}
-
-
 def pending_row(turn: Turn, outcome: Outcome) -> dict[str, Any]:
     """The whole record of an exchange that nothing was written for before it ended."""
     assert turn.pending is not None
-    return pending_fields(turn.pending) | outcome.fields()
+    return turn.pending.row() | outcome.fields()

@@ -41,7 +41,6 @@ from proxy.memory import (
     Turn,
     finish_in,
     opening,
-    pending_fields,
 )
 from proxy.metrics import Metrics
 from proxy.spill import Spilled, SpillFile
@@ -412,7 +411,7 @@ class SpillReplayer:
             refused = Outcome(
                 "error", exc.status, error=f"answered while storage was down, not stored: {exc}"
             )
-            Exchanges(conn).insert_finished([pending_fields(exchange) | refused.fields()])
+            Exchanges(conn).insert_finished([exchange.row() | refused.fields()])
             return None
         self._flag(turn, {})
         return turn

@@ -9,7 +9,10 @@ way to run them without blocking the event loop:
   per-statement async driver costs several thread hand-offs per statement). Writes go through
   a single writer thread and take the file with `BEGIN IMMEDIATE`, so a transaction never has
   to upgrade its lock half-way (the cause of `database is locked`); reads run in a small pool
-  beside it, which WAL allows.
+  beside it, which WAL allows. Each of these threads keeps its own connection for its life
+  (`_ThreadConnections`), and begins and ends transactions on the driver's connection: a
+  pool checkout and SQLAlchemy's statement machinery for BEGIN and COMMIT cost a turn's
+  writes a measurable part of their time.
 - PostgreSQL: asyncpg, natively async; the unit of work runs on the event loop through
   SQLAlchemy's `run_sync`, whose statements await the driver rather than block.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,11 +80,13 @@ class Database:
                 url.replace("+aiosqlite", "", 1),
                 echo=echo,
                 isolation_level="AUTOCOMMIT",  # transactions are begun and ended below
-                pool_size=SQLITE_READERS + 1,
+                # (the worker threads keep one each; an export's snapshot takes another)
+                pool_size=SQLITE_READERS + 3,
                 pool_reset_on_return=None,
                 connect_args={"check_same_thread": False},
             )
             event.listen(self._sync, "connect", _sqlite_on_connect)
+            self._connections = _ThreadConnections(self._sync)
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-writer")
             self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="sqlite-reader")
         else:
@@ -139,7 +145,8 @@ class Database:
             return False
 
     def _sqlite_checkpoint(self) -> bool:
-        with _translated(), self._sync.connect() as conn:
+        with _translated():
+            conn = self._connections.get()  # (the writer's)
             busy, _, _ = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
             return not busy
 
@@ -150,6 +157,7 @@ class Database:
         if self.is_sqlite:
             await asyncio.to_thread(self._writer.shutdown)
             await asyncio.to_thread(self._readers.shutdown)
+            self._connections.close()
             self._sync.dispose()
         else:
             await self._async.dispose()
@@ -159,14 +167,24 @@ class Database:
         return await loop.run_in_executor(pool, partial(self._sqlite_unit, begin, work))
 
     def _sqlite_unit(self, begin: str, work: Work[T]) -> T:
-        with _translated(), self._sync.connect() as conn:
-            conn.exec_driver_sql(begin)
+        with _translated():
+            conn = self._connections.get()
+            driver = conn.connection.driver_connection
+            assert isinstance(driver, sqlite3.Connection)
+            try:
+                driver.execute(begin)
+            except sqlite3.Error as exc:
+                raise _driver_error(exc) from exc
             try:
                 result = work(conn)
             except BaseException:
-                conn.exec_driver_sql("ROLLBACK")
+                self._connections.roll_back(conn, driver)
                 raise
-            conn.exec_driver_sql("COMMIT")
+            try:
+                driver.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._connections.roll_back(conn, driver)
+                raise _driver_error(exc) from exc
             return result
 
 
@@ -224,6 +242,61 @@ class _SqliteSnapshot:
             with contextlib.suppress(Exception):  # (a connection the database dropped)
                 self._conn.exec_driver_sql("ROLLBACK")
             self._conn.close()
+
+
+class _ThreadConnections:
+    """SQLite: one connection per worker thread, kept for the thread's life (the threads are
+    the writer and the readers; only its own thread uses a connection, so none is shared). A
+    connection a failure left unusable is closed and the thread's next unit of work opens
+    another."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._local = threading.local()
+        self._open: set[Connection] = set()
+        self._lock = threading.Lock()
+
+    def get(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._engine.connect()
+            self._local.conn = conn
+            with self._lock:
+                self._open.add(conn)
+        return conn
+
+    def roll_back(self, conn: Connection, driver: sqlite3.Connection) -> None:
+        """End a failed unit of work's transaction; a connection that cannot is let go."""
+        try:
+            if driver.in_transaction:
+                driver.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._discard(conn)
+
+    def _discard(self, conn: Connection) -> None:
+        self._local.conn = None
+        with self._lock:
+            self._open.discard(conn)
+        with contextlib.suppress(Exception):
+            conn.invalidate()  # (the pool opens a new one in its place)
+
+    def close(self) -> None:
+        """Close them all (the threads have stopped)."""
+        with self._lock:
+            held, self._open = self._open, set()
+        for conn in held:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _driver_error(exc: sqlite3.Error) -> StorageError:
+    """A driver error met outside SQLAlchemy (beginning or ending a transaction), as the
+    storage error `_translated` makes of the same error met inside it."""
+    if isinstance(exc, sqlite3.IntegrityError):
+        return ConflictError(str(exc))
+    if isinstance(exc, sqlite3.OperationalError | sqlite3.InterfaceError):
+        return StorageUnavailable(str(exc))
+    return StorageError(str(exc))
 
 
 class _translated:

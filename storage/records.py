@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -84,6 +84,14 @@ class NewExchange:
     attached: dict[str, Any] = field(default_factory=dict)
     intent: str | None = None
     intent_detail: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """Its fields as a row's values: a shallow copy (`dataclasses.asdict` copies every
+        nested value, several times slower on every turn)."""
+        return {name: getattr(self, name) for name in _NEW_EXCHANGE_FIELDS}
+
+
+_NEW_EXCHANGE_FIELDS = tuple(f.name for f in fields(NewExchange))
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import datetime
 from typing import Any, Literal
 
@@ -71,7 +70,7 @@ class Exchanges:
     def start(self, exchange: NewExchange) -> None:
         """Open the exchange; ConflictError if its request id or idempotency key is taken."""
         try:
-            self.conn.execute(_INSERT, {**dataclasses.asdict(exchange), "status": "in_progress"})
+            self.conn.execute(_INSERT, {**exchange.row(), "status": "in_progress"})
         except IntegrityError as exc:
             raise ConflictError(
                 f"exchange {exchange.request_id!r} or its idempotency key exists"
