@@ -15,7 +15,9 @@ concurrently they take turns in short segments (every client sends a few request
 target, then the next target), so each target sees its own 32 clients and drift on this noisy
 machine hits all three alike. Every request is the same one-message first turn of an
 anonymous user (or of `--user`, whose history then grows and is searched on every turn), so
-memproxy opens a conversation and stores the turn and the reply each time.
+memproxy opens a conversation and stores the turn and the reply each time, sequentially; at 32
+clients, a request whose message is that of a conversation still waiting for its reply
+continues it (a stored prefix), so concurrent requests share a few conversations.
 
 With `--baseline-rev REV` (by default the commit that closed the conversation-memory issue)
 a fifth target, memproxy-prev, is memproxy at that revision (memory on), exported with `git
