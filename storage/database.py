@@ -258,7 +258,10 @@ class _ThreadConnections:
 
     def get(self) -> Connection:
         conn: Connection | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.invalidated:
+        if conn is not None and (conn.closed or conn.invalidated):
+            self._discard(conn)  # (SQLAlchemy let it go: a lost connection, say)
+            conn = None
+        if conn is None:
             conn = self._engine.connect()
             self._local.conn = conn
             with self._lock:
