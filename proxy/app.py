@@ -37,7 +37,7 @@ from proxy.metrics import Metrics
 from proxy.offline import prepare_offline_environment
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.replay import SpillReplayer, Wanted
-from proxy.requests import reject_nul_in_url
+from proxy.requests import before_handler
 from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
@@ -282,7 +282,7 @@ def create_app(
             "principal": Provide(provide_principal),
         },
         exception_handlers=EXCEPTION_HANDLERS,
-        before_request=reject_nul_in_url,
+        before_request=before_handler,
         before_send=[access_hook],
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from litestar import Request
 
+from proxy.access import request_info
 from proxy.errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -50,11 +51,20 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
-async def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
-    """Before every handler: a NUL in the path or the query (`%00`) is a 400, not an id or a
-    user to look up (PostgreSQL cannot even compare text holding one). A coroutine, though it
-    awaits nothing: Litestar runs a plain function hook in a worker thread, a thread hand-off
-    on every request."""
+async def before_handler(request: Request[Any, Any, Any]) -> None:
+    """Litestar's `before_request` hook, before every handler and its dependencies: the
+    request's info (proxy/access.py) is created now, so what is timed from it (the access
+    line's latency, an exchange's `overhead_ms`) includes routing and dependency injection,
+    not only what follows authentication; then a NUL in the URL is refused. A coroutine,
+    though it awaits nothing: Litestar runs a plain function hook in a worker thread, a
+    thread hand-off on every request."""
+    request_info(request.scope)
+    reject_nul_in_url(request)
+
+
+def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
+    """A NUL in the path or the query (`%00`) is a 400, not an id or a user to look up
+    (PostgreSQL cannot even compare text holding one)."""
     if "\x00" in request.scope.get("path", "") or b"%00" in request.scope.get("query_string", b""):
         raise BadRequest("The request's path or query contains the NUL character (%00).")
 
