@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import math
 import os
 import socket
@@ -39,6 +40,16 @@ def _migrate(config: Config) -> None:
     except StorageError as exc:
         print(f"memproxy: database: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` (what the server binds) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # (a name: it may resolve to anything)
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,6 +95,15 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     configure_logging(args.log_level, args.log_format)
+    if config.server.metrics_key is None and not _loopback(args.host):
+        import structlog
+
+        structlog.get_logger("memproxy.cli").warning(
+            "metrics_open",
+            host=args.host,
+            detail="GET /metrics answers whoever reaches this port, with every tenant's name, "
+            "requests and spend: set server.metrics_key, or keep the port off tenants' networks",
+        )
     _migrate(config)  # before the server: a database that is not there is one line, not a trace
     app = create_app(config, config_path=path, migrated=True)  # SIGHUP reloads it
     grace = config.server.shutdown_grace_seconds

@@ -4,6 +4,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import uvicorn
+from structlog.testing import capture_logs
 
 from proxy.cli import main
 
@@ -52,3 +54,44 @@ def test_migrate_creates_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         for r in sqlite3.connect(db).execute("select name from sqlite_master where type='table'")
     }
     assert {"conversations", "messages", "exchanges", "alembic_version"} <= tables
+
+
+@pytest.mark.parametrize(
+    ("host", "metrics_key", "warned"),
+    [
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("10.1.2.3", None, True),
+        ("proxy.internal", None, True),
+        ("0.0.0.0", "scrape-key", False),
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+    ],
+)
+def test_serve_warns_when_metrics_are_open_beyond_this_machine(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    host: str,
+    metrics_key: str | None,
+    warned: bool,
+) -> None:
+    """/metrics carries every tenant's name and spend: open to any network the port is on,
+    the start-up log says so."""
+    monkeypatch.setattr("proxy.logs.configure_logging", lambda *args: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # (not started)
+    path = tmp_path / "c.yaml"
+    key = "null" if metrics_key is None else metrics_key
+    path.write_text(
+        f"server: {{metrics_key: {key}}}\n"
+        f'database: {{url: "sqlite+aiosqlite:///{tmp_path / "m.db"}"}}\n'
+        "tenants:\n  a: {api_keys: [k]}\n"
+    )
+    with capture_logs() as logs, pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--config", str(path), "--host", host, "--port", "0"])
+    assert exit_info.value.code == 3  # (uvicorn's "not started": run() was a no-op)
+    open_warnings = [e for e in logs if e["event"] == "metrics_open"]
+    assert len(open_warnings) == (1 if warned else 0)
+    if warned:
+        assert open_warnings[0]["log_level"] == "warning"
+        assert open_warnings[0]["host"] == host
