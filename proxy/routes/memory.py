@@ -395,7 +395,7 @@ def erase_user(conn: Connection, tenant_id: str, user_id: str) -> dict[str, int]
     vectors = MessageVectors(conn).delete_user(tenant_id, user_id)
     attachments = Attachments(conn).delete_user(tenant_id, user_id)
     counts = conversations.delete_user(tenant_id, user_id)
-    SystemRepository(conn).drop_deleted_from_search()  # (nor their words in the index)
+    SystemRepository(conn).drop_deleted_from_search()  # (nor their words in the indexes)
     return {
         **counts,
         "attachments": attachments,

@@ -1,5 +1,5 @@
 """System tasks that span tenants on purpose: readiness, the crash sweeper, counter pruning,
-the job queue's claiming and settling, and rewriting the search index after an erasure.
+the job queue's claiming and settling, and rewriting the search indexes after an erasure.
 
 This is the one repository whose queries do not take a tenant; nothing here returns tenant
 content."""
@@ -21,6 +21,8 @@ J = JOBS
 MINUTE_WINDOWS = "minute:"  # every minute window's key starts so, and sorts after it
 # The error of an exchange the sweeper closed (a spilled outcome may still complete it).
 SWEPT = "abandoned: the proxy stopped mid-exchange"
+# SQLite's full-text indexes (FTS5), each kept in sync with its table by triggers.
+SEARCH_INDEXES = ("messages_fts", "attachment_chunks_fts")
 
 
 class SystemRepository:
@@ -28,12 +30,14 @@ class SystemRepository:
         self.conn = conn
 
     def drop_deleted_from_search(self) -> None:
-        """SQLite: rewrite the full-text index without what deleted messages left in it (FTS5
-        keeps a deleted row's words in its segments, marked deleted, until they merge). The
-        whole index, every tenant's: about 0.1 s for 27,560 messages (bench/sqlite_erasure.py).
-        PostgreSQL's index entries go with their rows: nothing to do."""
+        """SQLite: rewrite the full-text indexes (messages', documents' chunks') without what
+        deleted rows left in them (FTS5 keeps a deleted row's words in its segments, marked
+        deleted, until they merge). The whole of each, every tenant's: about 0.1 s for 27,560
+        messages (bench/sqlite_erasure.py). PostgreSQL's index entries go with their rows:
+        nothing to do."""
         if self.conn.dialect.name == "sqlite":
-            self.conn.execute(text("INSERT INTO messages_fts(messages_fts) VALUES ('optimize')"))
+            for index in SEARCH_INDEXES:
+                self.conn.execute(text(f"INSERT INTO {index}({index}) VALUES ('optimize')"))
 
     def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
         """Mark exchanges a crashed process left `in_progress` as `incomplete`."""

@@ -301,7 +301,8 @@ async def test_after_an_erasure_no_sqlite_file_holds_the_users_words(
     proxy_url: str, api: httpx.AsyncClient, fake_upstream: tuple[FakeOpenAI, str]
 ) -> None:
     """Below the rows: deleted content is overwritten, not left in free space, the full-text
-    index is rewritten without it, and the write-ahead log is emptied."""
+    indexes (messages' and documents') are rewritten without it, and the write-ahead log is
+    emptied."""
     secret, kept = "zanzibarquux", "kumquatelle"
     await chat(proxy_url, "alice", f"my passphrase is {secret}")
     imported = [{"role": "user", "content": f"{secret} again, line {n}"} for n in range(3)]
@@ -309,6 +310,9 @@ async def test_after_an_erasure_no_sqlite_file_holds_the_users_words(
         "/memory/conversations", json={"id": "trip", "user": "alice", "messages": imported}
     )
     assert created.status_code == 201, created.text
+    document = {"content": f"Notes: the word is {secret}.", "title": "notes"}
+    uploaded = await api.post("/memory/conversations/trip/attachments", json=document)
+    assert uploaded.status_code == 201, uploaded.text  # (a document's index is its own)
     for n in range(12):  # (the index merges its segments as they accumulate)
         await chat(proxy_url, "bob", f"{kept} number {n}")
     files = [Path("memproxy.db"), Path("memproxy.db-wal")]
