@@ -4,7 +4,8 @@ question's stemmed words, the model and the size asked for: the same document an
 never cost the same user a second call. Stored under the attachment's id (a stored attachment)
 or the conversation's (what else it summarises), and deleted with either.
 
-A summary never fails the request: a cache the database cannot serve is passed by (the summary
+A summary of a user erased while it was made is used for the request but not stored. A
+summary never fails the request: a cache the database cannot serve is passed by (the summary
 is made anyway), one that cannot be stored is used now and made again next time, and one that
 cannot be made leaves its artifact out. Each wait for the database is bounded by the storage
 timeout; the summariser's call is not (it has the tenant's `attachments.timeout_ms`).
@@ -30,6 +31,7 @@ from proxy.metrics import Metrics
 from storage.database import Database
 from storage.errors import StorageError
 from storage.repositories.attachments import Attachments
+from storage.repositories.erasures import Erasures
 from storage.repositories.summaries import Summaries, summary_key
 
 log = structlog.get_logger("memproxy.artifacts")
@@ -64,8 +66,10 @@ class FocusedSummaries:
         item: Included,
         question: str,
         ask: Ask,
+        started_at: datetime,
     ) -> Summary:
-        """`item`'s artifact summarised for `question` within the room the plan gave it."""
+        """`item`'s artifact summarised for `question` within the room the plan gave it;
+        `started_at`: when the request began (a user erased since keeps no summary of it)."""
         artifact = item.artifact
         stored = artifact.kind == "attachment" and not artifact.key.startswith("inline:")
         subject = artifact.key if stored else conversation_id or ""
@@ -110,6 +114,10 @@ class FocusedSummaries:
         text, tokens = made
 
         def cache(conn: Connection) -> None:
+            erasures = Erasures(conn)
+            erasures.share(tenant_id, user_id)  # (wholly before an erasure, or after it)
+            if erasures.erased_since(tenant_id, user_id, started_at):
+                return  # erased while it was made: it serves this request, and is not kept
             Summaries(conn).put(
                 tenant_id,
                 key,

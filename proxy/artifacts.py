@@ -221,12 +221,13 @@ class Artifacts:
         in_prompt_calls: set[str],
         question: str,
         budget: int,
+        started_at: datetime,
     ) -> Attached:
         """The artifacts of this turn fitted into `budget` tokens. `store_in`: the conversation
         (pk) the inline documents are first stored with (mode `full`; they are then read as
         its attachments); `in_prompt_calls`: tool call ids whose results the prompt already
         holds; `conversation_end`: the conversation's next seq (tool results are looked for
-        among its last `TOOL_WINDOW` messages)."""
+        among its last `TOOL_WINDOW` messages); `started_at`: when the request began."""
         settings = tenant.attachments
         attached = Attached()
         stored = store_in is not None and await self._store_inline(
@@ -301,6 +302,7 @@ class Artifacts:
                     item=item,
                     question=question,
                     ask=partial(self._call, tenant_id, tenant, attached),
+                    started_at=started_at,
                 )
                 for item in wanted
             )

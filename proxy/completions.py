@@ -714,6 +714,7 @@ class ChatExchange:
                 in_prompt_calls=in_prompt,
                 question=_last_user_text(self.sent_messages),
                 budget=room,
+                started_at=self.started_at,
             )
         except Exception:  # a bug here must not fail the chat: logged, the request goes on
             log.exception("attachments_error", request_id=self.request_id)

@@ -35,7 +35,7 @@ from policies.tokens import count_message, message_text
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.config import ContextSettings
 from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
-from proxy.errors import NotFound, Unprocessable
+from proxy.errors import Conflict, NotFound, Unprocessable
 from proxy.requests import parse_timestamp
 from proxy.storage_circuit import StorageCircuit, StorageCircuitOpen
 from storage.database import Database
@@ -426,8 +426,17 @@ class ConversationMemory:
         intent_of: IntentOf | None,
         conn: Connection,
     ) -> None:
-        """`begin()`'s work inside the caller's transaction (also the spill's replay)."""
-        Erasures(conn).share(turn.tenant_id, turn.user_id)  # never half before an erasure
+        """`begin()`'s work inside the caller's transaction (also the spill's replay). A user
+        erased since the request began (its turn waited for the erasure) is not stored again
+        from it: Conflict, nothing written."""
+        erasures = Erasures(conn)
+        erasures.share(turn.tenant_id, turn.user_id)  # never half before an erasure
+        if erasures.erased_since(turn.tenant_id, turn.user_id, exchange.started_at):
+            raise Conflict(
+                "The user was erased while this request was on its way; nothing of it was "
+                "stored. Send it again to start afresh.",
+                code="user_erased",
+            )
         hashes = chain_hashes(messages)  # (the last one identifies the request's messages)
         key = self._resolve(
             conn,

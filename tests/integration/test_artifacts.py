@@ -7,8 +7,10 @@ when they fail."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -29,6 +31,7 @@ from proxy.config import (
 from tests.conftest import KEY, OTHER_TENANT_KEY
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, model_said
 from tests.fakes.server import ServerThread
+from tests.polling import eventually
 
 HELPER_MODEL = "helper-model"
 PRICES = {HELPER_MODEL: PriceConfig(input_per_mtok=1, output_per_mtok=2)}
@@ -266,6 +269,31 @@ async def test_a_summary_is_made_once_then_served_from_the_cache(
     (item,) = (await proxy.record(headers))["attached"]["attachments"]["items"]
     assert item["cache"] == "hit"
     assert headers["x-cost-memory-usd"] == "0"
+
+
+async def test_a_summary_made_while_its_user_is_erased_is_used_but_not_stored_after(
+    start: Callable[..., Proxy], helper_model: tuple[FakeOpenAI, str]
+) -> None:
+    """The erasure answers while the summariser is still at work on the user's document: the
+    summary still serves the request it was made for, but the cache does not keep it (it is
+    the user's, made from their document and their question's words)."""
+    helper = helper_model[0]
+    proxy = start(summaries=SummarySettings(mode="llm", model=HELPER_MODEL))
+    helper.script = [replace(said("A dull report with a launch code."), hold=True)]
+    asking = asyncio.create_task(
+        proxy.ask("what's the gist?", [{"content": BIG}], **{"X-Memory-Mode": "read"})
+    )
+
+    async def asked() -> bool:
+        return len(helper.chat_requests) == 1
+
+    await eventually(asked, "the summariser is asked")
+    assert (await proxy.http.delete("/memory/users/alice")).status_code == 200
+    helper.release.set()
+    _, system = await asking
+    assert "> A dull report with a launch code." in system
+    exported = (await proxy.http.get("/memory/users/alice/export")).json()
+    assert exported["summaries"] == [] and exported["exchanges"] == []
 
 
 async def test_a_failing_summariser_leaves_the_document_out_and_the_chat_answers(

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection, func, select, update
 
 from policies.pricing import Usage
 from proxy.config import ContextSettings
 from proxy.costs import Bill
-from proxy.errors import NotFound, Unprocessable
+from proxy.errors import Conflict, NotFound, Unprocessable
 from proxy.exchange_batch import DeferredExchanges
 from proxy.memory import ConversationMemory, Mode, Outcome, TokenCounter, Turn
+from proxy.routes.memory import erase_user
 from proxy.spill import SpillFile
 from storage.database import Database
 from storage.models import EXCHANGES
@@ -624,3 +625,33 @@ async def test_a_mode_off_record_of_a_user_erased_while_it_ran_is_not_written_af
     assert (await exchange_of(db, kept)).status == "complete"
     # A batch of erased users' records only leaves nothing to insert, and that is no error.
     await db.write(lambda conn: Exchanges(conn).insert_finished([]))
+
+
+async def test_a_turn_begun_before_its_users_erasure_is_refused_not_stored_after_it(
+    db: Database, memory: ConversationMemory
+) -> None:
+    """The turn waits for its user's reply write (`settle`) while the erasure runs: once the
+    erasure is through, the turn stores nothing (conversation, message or record), as a
+    replayed or batched one does not."""
+    go = asyncio.Event()
+
+    async def erasure() -> None:
+        await go.wait()
+        await db.write(lambda conn: erase_user(conn, "t1", "alice"))
+
+    memory.track(Turn("req_reply", "t1", "alice", "full", "m"), asyncio.create_task(erasure()))
+    turn = asyncio.create_task(begin(memory, [user("my PIN is 4321")], conversation_id="c1"))
+    await asyncio.sleep(0)  # (the request has begun)
+    go.set()
+    with pytest.raises(Conflict) as refused:
+        await turn
+    assert refused.value.code == "user_erased"
+
+    def left(conn: Connection) -> tuple[Any, int]:
+        records = conn.execute(select(func.count()).select_from(EXCHANGES)).scalar_one()
+        return Conversations(conn).get("t1", "c1"), records
+
+    assert await db.read(left) == (None, 0)
+    # A request that begins after the erasure is stored as usual.
+    again = await begin(memory, [user("hello again")], conversation_id="c1")
+    assert await stored(db, again.conversation_id) == [("user", "hello again")]
