@@ -21,6 +21,7 @@ from proxy.responses import json_response
 from proxy.routes.memory import MANAGE, limit_param, page, user_param
 from proxy.state import AppState
 from storage.records import MemoryRecord
+from storage.repositories.erasures import Erasures
 from storage.repositories.memories import Memories, new_memory_id
 
 MAX_TEXT = 4_000
@@ -131,11 +132,14 @@ async def create_memory(
     user = user_param(body.get("user"))
     fields = _fields(body, creating=True)
     memory_id = new_memory_id()
-    created = await services.db.write(
-        lambda conn: Memories(conn).create(
+
+    def work(conn: Connection) -> MemoryRecord:
+        Erasures(conn).share(principal.tenant_id, user)  # (wholly before an erasure, or after)
+        return Memories(conn).create(
             principal.tenant_id, user, memory_id, fields.pop("text"), now=now(), **fields
         )
-    )
+
+    created = await services.db.write(work)
     return json_response(memory_object(created), status=201)
 
 

@@ -180,8 +180,7 @@ async def create_conversation(
     count = await TokenCounter("").prepare(messages or [])
 
     def work(conn: Connection) -> ConversationRecord:
-        if messages:  # (as a turn: never half before the user's erasure)
-            Erasures(conn).share(principal.tenant_id, user)
+        Erasures(conn).share(principal.tenant_id, user)  # (wholly before an erasure, or after)
         created = Conversations(conn).create(
             principal.tenant_id,
             user,

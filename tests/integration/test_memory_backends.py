@@ -95,10 +95,14 @@ async def test_conversations_survive_turns_streams_and_a_restart_on_each_databas
 
 
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
-async def test_on_postgresql_imports_wait_for_the_users_erasure(database_url: str) -> None:
-    """Importing messages takes the user's share of the erasure lock, as a turn does: while an
-    erasure of the user is under way (its lock held here) an import waits, then goes ahead,
-    never in between the erasure's deletes (it could deadlock with them)."""
+async def test_on_postgresql_imports_and_creates_wait_for_the_users_erasure(
+    database_url: str,
+) -> None:
+    """Importing messages, creating a conversation or a memory take the user's share of the
+    erasure lock, as a turn does: while an erasure of the user is under way (its lock held
+    here) each waits, then goes ahead, never in between the erasure's deletes (an import
+    could deadlock with them; a create committed there would outlive an erasure that
+    answered after it)."""
     config = make_config(UpstreamConfig(kind="echo"), database_url=database_url)
     with ServerThread(create_app(config)) as server:
         headers = {"authorization": f"Bearer {KEY}"}
@@ -106,8 +110,8 @@ async def test_on_postgresql_imports_wait_for_the_users_erasure(database_url: st
             opened = {"id": "c1", "user": "alice", "messages": [user("one")]}
             assert (await http.post("/memory/conversations", json=opened)).status_code == 201
 
-            async def both_waiting() -> bool:
-                return await lock_waits(database_url, "advisory") >= 2
+            async def all_waiting() -> bool:
+                return await lock_waits(database_url, "advisory") >= 4
 
             engine = create_async_engine(database_url)
             try:
@@ -126,11 +130,17 @@ async def test_on_postgresql_imports_wait_for_the_users_erasure(database_url: st
                                 json={"id": "c2", "user": "alice", "messages": [user("three")]},
                             )
                         ),
+                        asyncio.create_task(
+                            http.post("/memory/conversations", json={"id": "c3", "user": "alice"})
+                        ),
+                        asyncio.create_task(
+                            http.post("/memory/memories", json={"user": "alice", "text": "tea"})
+                        ),
                     ]
-                    await eventually(both_waiting, "both imports waiting")
+                    await eventually(all_waiting, "the imports and creates waiting")
                     assert not any(task.done() for task in imports)
                     await erasure.rollback()
             finally:
                 await engine.dispose()
-            assert [(await task).status_code for task in imports] == [201, 201]
+            assert [(await task).status_code for task in imports] == [201] * 4
         assert await stored(server.url + "/v1", "c1") == [user("one"), user("two")]
