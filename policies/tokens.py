@@ -48,7 +48,8 @@ def message_text(message: dict[str, Any]) -> str:
                 parts.append(part["text"])
     if isinstance(message.get("name"), str):
         parts.append(message["name"])
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             parts.append(str(function.get("name", "")))

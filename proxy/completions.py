@@ -42,6 +42,7 @@ from proxy.replay import spilled_charge, spilled_intent, spilled_outcome, spille
 from proxy.requests import header_text, parse_inline
 from proxy.spill import Spilled, SpillFull
 from proxy.sse import (
+    NotUnderstood,
     ReplyAssembler,
     SSEDecoder,
     error_text,
@@ -129,7 +130,7 @@ class ChatStreamObserver:
         self.decoder = SSEDecoder()
         self.reply = ReplyAssembler()
         self.first_chunk_at: float | None = None
-        self.broken = False
+        self.broken: str | None = None  # why reassembling stopped (a chunk not understood)
 
     def feed(self, chunk: bytes) -> bytes:
         if self.first_chunk_at is None:
@@ -154,21 +155,30 @@ class ChatStreamObserver:
     def _observe(self, raw: bytes) -> bool:
         """Fold one event into the reply; True if it is the usage-only chunk."""
         payload = event_data(raw)
-        if payload is None or self.broken:
+        if payload is None or self.broken is not None:
             return False
+        # Chunks we cannot make sense of still reach the client; we stop reassembling.
         try:
             return self.reply.add(payload)
+        except NotUnderstood as exc:
+            self.broken = str(exc)
+            log.warning("stream_not_understood", request_id=self.chat.request_id, error=str(exc))
         except Exception:
-            # Chunks we cannot make sense of still reach the client; we stop reassembling.
-            self.broken = True
+            self.broken = "a chunk the proxy could not read"
             log.warning("stream_not_understood", request_id=self.chat.request_id, exc_info=True)
-            return False
+        return False
 
     async def _outcome(self, status: str, error: str | None) -> Outcome:
         if self.reply.error is not None:
             # The upstream said it failed, in the stream (vLLM and others, often followed by
             # `[DONE]`): what arrived is not an answer, whatever came after.
             status, error = "error", f"upstream error event: {error_text(self.reply.error)}"
+        elif self.broken is not None:
+            status = "incomplete" if status == "complete" else status
+            error = error or (
+                f"the upstream's stream was not understood ({self.broken}); what came before "
+                "it is kept"
+            )
         elif status == "complete" and not (self.reply.done or self.reply.finish_reason):
             status = "incomplete"
         reply = self.reply.message() if self.reply.received_anything else None

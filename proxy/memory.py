@@ -36,7 +36,7 @@ from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.config import ContextSettings
 from proxy.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
 from proxy.errors import Conflict, NotFound, Unprocessable
-from proxy.requests import parse_timestamp
+from proxy.requests import parse_timestamp, reply_problem
 from proxy.storage_circuit import StorageCircuit, StorageCircuitOpen
 from storage.database import Database
 from storage.errors import ConflictError, StaleConversation, StorageTimeout
@@ -56,6 +56,8 @@ ANONYMOUS = "anonymous"
 METADATA_WRITES = "\x00metadata"
 # Stored messages read beyond the history window, so a tool call's replies are not cut off.
 TAIL_SLACK = 8
+# A reply's status when the upstream's message is not one a client could send back.
+MALFORMED = "malformed"
 
 
 def now() -> datetime:
@@ -620,8 +622,13 @@ def finish_in(
 ) -> None:
     """`finish()`'s work inside the caller's transaction (also the spill's replay): `status`
     and `reply` are the outcome's, `fields` the exchange record's columns for it;
-    `replied_at` dates the reply (default: now)."""
+    `replied_at` dates the reply (default: now). A complete reply that is not a well-formed
+    message (`reply_problem`: the upstream broke the format) is kept as `malformed`, outside
+    the chain, never attached or searched, and the record's error says what is wrong."""
     Erasures(conn).share(turn.tenant_id, turn.user_id)
+    if status == "complete" and reply is not None and (problem := reply_problem(reply)):
+        status = MALFORMED
+        fields = {**fields, "error": f"the upstream's reply is malformed: {problem}"}
     conv = turn.conversation
     stored = None
     if turn.store_reply and conv is not None and reply is not None:

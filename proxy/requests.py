@@ -123,40 +123,52 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
         )
         raise BadRequest(f"'{param}' is {what}; it must be a non-empty array.", param=param)
     for i, message in enumerate(messages):
-        where = f"{param}[{i}]"
-        if not isinstance(message, dict):
-            raise BadRequest(f"{where} is {_kind(message)}, expected an object.", param=where)
-        role = message.get("role")
-        if role not in ROLES:
+        _check_message(message, f"{param}[{i}]", imported=imported)
+
+
+def reply_problem(reply: dict[str, Any]) -> str | None:
+    """Why an upstream's reply cannot be stored as a message of its conversation (what a
+    client sending it back would be told), or None: the checks a client's messages get."""
+    try:
+        _check_message(reply, "the reply", imported=False)
+    except BadRequest as exc:
+        return exc.message
+    return None
+
+
+def _check_message(message: Any, where: str, *, imported: bool) -> None:
+    """One message: an object with a known role, and its stored fields of the right types."""
+    if not isinstance(message, dict):
+        raise BadRequest(f"{where} is {_kind(message)}, expected an object.", param=where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise BadRequest(
+            f"{where}.role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
+            param=f"{where}.role",
+        )
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise BadRequest(
+            f"{where}.content is {_kind(content)}, expected a string or an array.",
+            param=f"{where}.content",
+        )
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            _check_part(part, f"{where}.content[{j}]")
+    for name in ("name", "tool_call_id"):
+        if not _short_text(message.get(name), optional=True):
             raise BadRequest(
-                f"{where}.role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
-                param=f"{where}.role",
+                f"{where}.{name} must be a string of at most 256 characters.",
+                param=f"{where}.{name}",
             )
-        content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(
-                f"{where}.content is {_kind(content)}, expected a string or an array.",
-                param=f"{where}.content",
-            )
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                _check_part(part, f"{where}.content[{j}]")
-        for name in ("name", "tool_call_id"):
-            if not _short_text(message.get(name), optional=True):
-                raise BadRequest(
-                    f"{where}.{name} must be a string of at most 256 characters.",
-                    param=f"{where}.{name}",
-                )
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if not isinstance(calls, list):
-                raise BadRequest(
-                    f"{where}.tool_calls must be an array.", param=f"{where}.tool_calls"
-                )
-            for j, call in enumerate(calls):
-                _check_tool_call(call, f"{where}.tool_calls[{j}]")
-        if imported and "created_at" in message:
-            parse_timestamp(message["created_at"], f"{where}.created_at")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise BadRequest(f"{where}.tool_calls must be an array.", param=f"{where}.tool_calls")
+        for j, call in enumerate(calls):
+            _check_tool_call(call, f"{where}.tool_calls[{j}]")
+    if imported and "created_at" in message:
+        parse_timestamp(message["created_at"], f"{where}.created_at")
 
 
 # Content parts whose fields the proxy reads (stores, searches, counts): the field each must

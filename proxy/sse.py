@@ -54,8 +54,13 @@ def event_data(raw: bytes) -> bytes | None:
     return b"\n".join(data) if data else None
 
 
+class NotUnderstood(ValueError):
+    """A chunk that cannot be folded into the reply (the upstream broke the format)."""
+
+
 class ReplyAssembler:
-    """Folds chat.completion.chunk events into one assistant message (choice 0)."""
+    """Folds chat.completion.chunk events into one assistant message (choice 0); NotUnderstood
+    for a chunk whose delta it cannot fold in."""
 
     def __init__(self) -> None:
         self.content: list[str] = []
@@ -95,27 +100,38 @@ class ReplyAssembler:
                 self.finish_reason = choice["finish_reason"]
         return False
 
-    def _add_delta(self, delta: dict[str, Any]) -> None:
+    def _add_delta(self, delta: Any) -> None:
+        if not isinstance(delta, dict):
+            raise NotUnderstood(f"a delta is {type(delta).__name__}, not an object")
         if isinstance(delta.get("content"), str):
             self.content.append(delta["content"])
         if isinstance(delta.get("refusal"), str):
             self.refusal.append(delta["refusal"])
-        for call in delta.get("tool_calls") or []:
+        calls = delta.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise NotUnderstood("a delta's tool_calls is not an array")
+        for call in calls:
             if not isinstance(call, dict):
                 continue
+            index = call.get("index", 0)
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise NotUnderstood(f"a tool call's index is {index!r}, not a number")
             slot = self.tool_calls.setdefault(
-                int(call.get("index", 0)),
-                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
             )
             if call.get("id"):
                 slot["id"] = call["id"]
             if call.get("type"):
                 slot["type"] = call["type"]
             function = call.get("function") or {}
-            if function.get("name"):
-                slot["function"]["name"] += function["name"]
-            if function.get("arguments"):
-                slot["function"]["arguments"] += function["arguments"]
+            if not isinstance(function, dict):
+                raise NotUnderstood("a tool call's function is not an object")
+            for key in ("name", "arguments"):
+                piece = function.get(key)
+                if piece is not None and not isinstance(piece, str):
+                    raise NotUnderstood(f"a tool call's function.{key} is not a string")
+                if piece:
+                    slot["function"][key] += piece
 
     @property
     def received_anything(self) -> bool:

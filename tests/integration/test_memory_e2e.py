@@ -692,7 +692,101 @@ async def test_chunks_the_proxy_cannot_parse_still_reach_the_client(
     assert response.status_code == 200
     assert response.content == b"".join(chunks)  # relayed untouched, to the end
     stored = await api.messages("odd")
-    assert stored[0]["content"] == "Go." and len(stored) <= 2  # the turn; no exchange left hanging
+    assert [(m["role"], m["content"], m["status"]) for m in stored] == [
+        ("user", "Go.", "complete"),
+        ("assistant", "fine so far", "incomplete"),  # what came before the odd chunk
+    ]
+    exchange = (await api.http.get(f"/exchanges/{response.headers['x-request-id']}")).json()
+    assert exchange["status"] == "incomplete"
+    assert "not understood (a tool call's index is None, not a number)" in exchange["error"]
+
+
+def completion(message: Message) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-m",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+    }
+
+
+MALFORMED = {
+    "content an object": ({"role": "assistant", "content": {"a": 1}}, "content is an object"),
+    "content a number": ({"role": "assistant", "content": 12345}, "content is a number"),
+    "a part not an object": (
+        {"role": "assistant", "content": [{"type": "text", "text": "hi"}, 3]},
+        "content[1] is a number",
+    ),
+    "tool_calls a string": (
+        {"role": "assistant", "content": None, "tool_calls": "xyz"},
+        "tool_calls must be an array",
+    ),
+    "a function that is a string": (
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": "f"}]},
+        "tool_calls[0].function must be an object",
+    ),
+}
+
+
+@pytest.mark.parametrize(("message", "problem"), MALFORMED.values(), ids=MALFORMED)
+async def test_a_malformed_reply_reaches_the_client_and_is_kept_outside_the_conversation(
+    client: openai.AsyncOpenAI,
+    fake: FakeOpenAI,
+    api: MemoryAPI,
+    proxy_url: str,
+    message: Message,
+    problem: str,
+) -> None:
+    """A reply no client could send back (the upstream broke the format) is relayed as it
+    came, stored as `malformed` (kept, not lost) with the record saying why, and never
+    attached to a later turn, which a strict upstream would refuse."""
+    fake.script.append(Reply(body=completion(message)))
+    async with httpx.AsyncClient(base_url=proxy_url) as http:
+        response = await http.post(
+            "/chat/completions",
+            json={"model": MODEL, "messages": [user("Go.")]},
+            headers={"authorization": f"Bearer {KEY}", **thin("odd")},
+        )
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"] == message
+    stored = await api.messages("odd")
+    assert [(m["role"], m["status"]) for m in stored] == [
+        ("user", "complete"),
+        ("assistant", "malformed"),
+    ]
+    exchange = (await api.http.get(f"/exchanges/{response.headers['x-request-id']}")).json()
+    assert exchange["status"] == "complete"
+    assert exchange["error"].startswith("the upstream's reply is malformed: the reply.")
+    assert problem in exchange["error"]
+    await chat(client, [user("Hello?")], thin("odd"))
+    assert fake.chat_requests[-1]["messages"] == [user("Go."), user("Hello?")]
+
+
+async def test_a_streamed_tool_call_without_an_id_is_kept_outside_the_conversation(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI
+) -> None:
+    """Its `tool` reply could name no call: sent back, the turn would be refused."""
+    head = {"id": "chatcmpl-t", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+    call = {"index": 0, "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    fake.script.append(Reply(chunks=[*(sse({**head, **e}) for e in events), b"data: [DONE]\n\n"]))
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[user("Look it up.")], stream=True, extra_headers=thin("noid")
+    )
+    async for _ in stream:
+        pass
+    stored = await api.messages("noid")
+    assert [(m["role"], m["status"]) for m in stored] == [
+        ("user", "complete"),
+        ("assistant", "malformed"),
+    ]
+    assert stored[1]["tool_calls"][0]["function"]["name"] == "search"  # kept as it came
+    await chat(client, [user("Well?")], thin("noid"))
+    assert fake.chat_requests[-1]["messages"] == [user("Look it up."), user("Well?")]
 
 
 def text_chunks(text: str) -> list[bytes]:

@@ -30,3 +30,12 @@ def test_counts_are_real_tiktoken_counts() -> None:
 def test_upper_bound_never_undercounts(texts: list[str], model: str) -> None:
     messages = [{"role": "user", "content": t} for t in texts]
     assert upper_bound_tokens(messages) >= count_messages(messages, model)
+
+
+def test_fields_of_the_wrong_type_count_nothing_and_raise_nothing() -> None:
+    """An upstream's malformed reply is counted (for its bill and its stored row) before
+    anything judges it."""
+    plain = count_messages([{"role": "assistant", "content": None}], "gpt-4")
+    for odd in (7, "xyz", {"a": 1}, [3, None, {"function": "f"}]):
+        message = {"role": "assistant", "content": {"a": 1}, "tool_calls": odd}
+        assert count_messages([message], "gpt-4") == plain
