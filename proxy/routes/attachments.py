@@ -126,6 +126,17 @@ def _optional_text(body: dict[str, Any], name: str, limit: int) -> str | None:
     return value or None
 
 
+def _file_name(name: str | None) -> str | None:
+    """The file part's name as the title when none is sent: what a title may be."""
+    if name and (len(name) > MAX_TITLE or "\x00" in name):
+        raise BadRequest(
+            f"The file's name must be at most {MAX_TITLE} characters, without NUL, to stand in "
+            "for the title; send a 'title' field, or a shorter name.",
+            param="file",
+        )
+    return name or None
+
+
 def _from_json(raw: bytes, server: ServerConfig) -> _Upload:
     body = parse_json_object(raw)
     unknown = sorted(set(body) - set(JSON_FIELDS))
@@ -162,6 +173,12 @@ async def _from_form(request: Request[Any, Any, Any], server: ServerConfig) -> _
         raise _too_large(server) from None
     except ClientException as exc:
         raise BadRequest(f"The multipart form could not be read ({exc.detail}).") from None
+    except UnicodeDecodeError:  # (Litestar decodes text fields and does not catch this)
+        raise BadRequest("A text field of the multipart form is not valid UTF-8.") from None
+    except LookupError as exc:  # (a part's own charset, unknown to Python)
+        raise BadRequest(
+            f"A text field of the multipart form names an unknown charset ({exc})."
+        ) from None
     try:
         fields = {name: form.getall(name) for name in form}
         unknown = sorted(set(fields) - set(FORM_FIELDS))
@@ -182,7 +199,7 @@ async def _from_form(request: Request[Any, Any, Any], server: ServerConfig) -> _
             if isinstance(value, UploadFile):
                 raise BadRequest(f"'{name}' must be a text field, not a file.", param=name)
             texts[name] = value
-        title = _optional_text(texts, "title", MAX_TITLE) or upload.filename or None
+        title = _optional_text(texts, "title", MAX_TITLE) or _file_name(upload.filename)
         source = _optional_text(texts, "source", MAX_SOURCE)
         media_type = media_type_of(upload.content_type, upload.filename)
         data = await upload.read(server.max_attachment_bytes + 1)
