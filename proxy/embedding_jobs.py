@@ -46,12 +46,15 @@ def queue_range(
     now: datetime,
 ) -> bool:
     """Queue embedding of a conversation's messages from `first_seq` to `last_seq` (None: to
-    its end), in the caller's transaction."""
+    its end), in the caller's transaction. The job is named by its whole range: a range
+    queued again (a retried import) is queued once, and one that starts where another
+    ended (an append after an import's last chunk) is a job of its own."""
+    end = "" if last_seq is None else last_seq
     return Jobs(conn).enqueue(
         tenant_id,
         user_id,
         EMBED_JOB_KIND,
-        f"range:{conversation_pk}:{first_seq}",
+        f"range:{conversation_pk}:{first_seq}-{end}",
         now=now,
         payload={"conversation_pk": conversation_pk, "first_seq": first_seq, "last_seq": last_seq},
     )
@@ -101,16 +104,17 @@ class MessageEmbedder:
             stored = MessageVectors(conn).store(job.tenant_id, job.user_id, model, rows, now=_now())
             self.metrics.embedded_messages.labels(job.tenant_id).inc(stored)
             result: dict[str, Any] = {"model": model, "embedded": stored}
-            if len(pending) == CHUNK:  # there may be more: a job for the rest
-                last = pending[-1]
-                payload = job.payload or {}
+            last, payload = pending[-1], job.payload or {}
+            through = payload.get("last_seq")
+            # A whole chunk: there may be more, a job for the rest (if the range has one).
+            if len(pending) == CHUNK and (through is None or last.seq < int(through)):
                 queue_range(
                     conn,
                     job.tenant_id,
                     job.user_id,
                     last.conversation_pk,
                     last.seq + 1,
-                    payload.get("last_seq"),
+                    through,
                     now=_now(),
                 )
                 result["continued_from"] = last.seq + 1

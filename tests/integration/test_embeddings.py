@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from proxy.config import Config, ContextSettings, MemorySettings, UpstreamConfig
+from proxy.embedding_jobs import CHUNK
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, concept_embedding, error_reply
 from tests.integration.test_recall import recall_section
@@ -200,3 +201,43 @@ async def test_the_echo_upstream_serves_embeddings_to_the_default_install(
         # Clients still get the echo upstream's 404 for /v1/embeddings.
         public = await http.post("/embeddings", json={"model": "m", "input": "hi"})
         assert public.status_code == 404
+
+
+async def test_messages_appended_after_an_import_of_one_whole_chunk_are_embedded(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    """The import's job embeds a whole chunk (`CHUNK` messages), so it looks for more from
+    the next seq; an append starting there is a range of its own, not taken for that look
+    (which found nothing, and the appended messages were never embedded)."""
+    base = start(fake_upstream, serve_proxy, "upstream", embedding_timeout_ms=10_000)
+    async with await client(base) as http:
+        notes = [{"role": "user", "content": f"note number {n}"} for n in range(CHUNK)]
+        created = await http.post(
+            "/memory/conversations", json={"id": "notes", "user": "alice", "messages": notes}
+        )
+        assert created.status_code == 201, created.text
+        (imported,) = await jobs_done(http, 1)
+        assert imported["result"]["embedded"] == CHUNK
+        late = [{"role": "user", "content": "a late note"}, {"role": "user", "content": "another"}]
+        appended = await http.post("/memory/conversations/notes/messages", json={"messages": late})
+        assert appended.status_code == 201, appended.text
+        done = await jobs_done(http, 2)
+        assert sorted(j["result"]["embedded"] for j in done) == [2, CHUNK]
+        erased = (await http.delete("/memory/users/alice")).json()["deleted"]
+        assert erased["vectors"] == CHUNK + 2
+
+
+async def test_an_import_longer_than_a_chunk_is_embedded_in_steps(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    base = start(fake_upstream, serve_proxy, "upstream", embedding_timeout_ms=10_000)
+    async with await client(base) as http:
+        notes = [{"role": "user", "content": f"note number {n}"} for n in range(CHUNK + 3)]
+        created = await http.post(
+            "/memory/conversations", json={"id": "notes", "user": "alice", "messages": notes}
+        )
+        assert created.status_code == 201, created.text
+        done = sorted(await jobs_done(http, 2), key=lambda j: j["result"]["embedded"])
+        assert [j["result"]["embedded"] for j in done] == [3, CHUNK]
+        assert done[1]["result"]["continued_from"] == CHUNK + 1
+        assert "continued_from" not in done[0]["result"]
