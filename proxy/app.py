@@ -45,6 +45,7 @@ from proxy.routes import limits as limits_routes
 from proxy.spill import SpillFile
 from proxy.state import AppState, new_http_client
 from proxy.storage_circuit import StorageCircuit
+from proxy.user_paths import keep_user_ids_whole
 from storage import migrate
 from storage.database import Database
 
@@ -261,7 +262,7 @@ def create_app(
             await db.dispose()
 
     cors = config.server.cors_origins
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             openai.chat_completions,
             openai.list_models,
@@ -292,3 +293,6 @@ def create_app(
         openapi_config=OpenAPIConfig(title="memproxy", version="0.1.0", path="/schema"),
         logging_config=None,
     )
+    # Before the router: a user id holding "/" stays one path segment (proxy/user_paths.py).
+    app.asgi_handler = keep_user_ids_whole(app.asgi_handler)
+    return app

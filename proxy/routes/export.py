@@ -37,6 +37,7 @@ from proxy.routes.memories import memory_object
 from proxy.routes.memory import MANAGE, conversation_object, message_object, user_param
 from proxy.routes.usage import exchange_object
 from proxy.state import AppState
+from proxy.user_paths import user_in_path
 from storage.database import Snapshot
 from storage.records import (
     AttachmentRecord,
@@ -225,7 +226,7 @@ async def export_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user_param(user_id, "user_id")
+    user_id = user_param(user_in_path(user_id), "user_id")
     await services.deferred.settle()  # (mode-off records written in batches)
     page = services.config.server.export_page_rows
     spool = await _spooled(services, principal.tenant_id, user_id, page)

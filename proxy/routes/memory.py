@@ -24,6 +24,7 @@ from proxy.memory import ANONYMOUS, ConversationMemory, TokenCounter, new_conver
 from proxy.requests import check_messages, parse_json_object
 from proxy.responses import json_response
 from proxy.state import AppState
+from proxy.user_paths import user_in_path
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
 from storage.repositories.attachments import Attachments
@@ -360,7 +361,7 @@ async def delete_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user_param(user_id, "user_id")
+    user_id = user_param(user_in_path(user_id), "user_id")
     await services.deferred.settle()  # mode-off records still in the batch go too
 
     counts = await services.db.write(

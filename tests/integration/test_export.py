@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -54,7 +55,19 @@ async def chat(proxy_url: str, user: str, text: str) -> str:
 
 
 async def export(api: httpx.AsyncClient, user: str, key: str = KEY) -> httpx.Response:
-    return await api.get(f"/memory/users/{user}/export", headers={"authorization": f"Bearer {key}"})
+    return await api.get(
+        f"/memory/users/{quote(user, safe='')}/export", headers={"authorization": f"Bearer {key}"}
+    )
+
+
+def said(document: dict[str, Any]) -> list[str]:
+    """What the user of an export said."""
+    return [
+        m["content"]
+        for c in document["conversations"]
+        for m in c["messages"]
+        if m["role"] == "user"
+    ]
 
 
 async def test_export_holds_everything_of_the_user_and_nothing_else(
@@ -103,6 +116,28 @@ async def test_a_bad_user_id_is_a_400(api: httpx.AsyncClient) -> None:
     response = await export(api, "x" * 300)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "user_id"
+
+
+async def test_any_user_id_can_be_exported_and_erased_percent_encoded(
+    proxy_url: str, api: httpx.AsyncClient
+) -> None:
+    # OpenAI's `user` is any string: "/" and "%" in it must not split it or change it.
+    users = {"team": "red", "team/alice": "teal", "team/export": "ochre", "50%2Fx": "jade"}
+    for user, colour in users.items():
+        await chat(proxy_url, user, f"my favourite colour is {colour}")
+    for user, colour in users.items():
+        document = (await export(api, user)).json()
+        assert (document["user"], said(document)) == (user, [f"my favourite colour is {colour}"])
+    # (GET on the erasure's path is not the export of a shorter id)
+    assert (await api.get("/memory/users/team%2Fexport")).status_code == 405
+
+    erased = await api.delete("/memory/users/team%2Falice")
+    assert erased.status_code == 200, erased.text
+    assert (erased.json()["user"], erased.json()["deleted"]["conversations"]) == ("team/alice", 1)
+    assert said((await export(api, "team/alice")).json()) == []
+    assert said((await export(api, "team")).json()) == ["my favourite colour is red"]
+    assert (await api.delete("/memory/users/50%252Fx")).json()["user"] == "50%2Fx"
+    assert said((await export(api, "team/export")).json()) == ["my favourite colour is ochre"]
 
 
 # A page of two rows (attachments too): every section of the users below spans several pages.
