@@ -61,7 +61,10 @@ async def list_jobs(
         user_param(user)
     subject = params.get("subject")
     after = params.get("after")
-    after_pk = _pk(after, "after") if after is not None else None
+    cursor = JOB_ID.fullmatch(after) if after is not None else None
+    if after is not None and cursor is None:  # (as a conversation's or a memory's cursor)
+        raise BadRequest(f"after: no job '{after}'.", param="after")
+    after_pk = int(cursor.group(1)) if cursor is not None else None
     limit = limit_param(request)
 
     def work(conn: Connection) -> list[JobRecord]:

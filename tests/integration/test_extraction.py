@@ -279,9 +279,9 @@ async def test_job_ids_and_filters_are_checked(proxies: Callable[..., Proxy]) ->
         ("/memory/jobs/job_999", {}, 404),
         ("/memory/jobs/job_99999999999999999999999", {}, 404),
         ("/memory/jobs/job_1%27%20OR%201=1", {}, 404),
-        ("/memory/jobs", {"after": "job_1' OR 1=1"}, 404),
+        ("/memory/jobs", {"after": "job_1' OR 1=1"}, 400),
         ("/memory/jobs", {"status": "finished"}, 400),
-        ("/memory/jobs", {"after": "abc"}, 404),
+        ("/memory/jobs", {"after": "abc"}, 400),
         ("/memory/jobs", {"limit": "0"}, 400),
     ]:
         response = await proxy.http.get(path, params=params)
