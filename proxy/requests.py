@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -16,8 +17,9 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 MAX_INLINE = 20  # entries of a request's `attachments`
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 that says what is wrong with it."""
+def parse_json_object(raw: bytes, fields: Collection[str] | None = None) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 that says what is wrong with it: a field not among
+    `fields` (when given) too, rather than a misspelt one left out unnoticed."""
     if not raw.strip():
         raise BadRequest("The request body is empty; expected a JSON object.")
     try:
@@ -32,6 +34,9 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     # JSON can only carry a NUL as the escape \u0000; look closer only when that is there.
     if b"\\u0000" in raw and _holds_nul(body):
         raise BadRequest(NUL_IN_BODY)
+    unknown = [] if fields is None else sorted(set(body) - set(fields))
+    if unknown:
+        raise BadRequest(f"Unknown field '{unknown[0]}'.", param=unknown[0])
     return body
 
 

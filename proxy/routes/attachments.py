@@ -138,10 +138,7 @@ def _file_name(name: str | None) -> str | None:
 
 
 def _from_json(raw: bytes, server: ServerConfig) -> _Upload:
-    body = parse_json_object(raw)
-    unknown = sorted(set(body) - set(JSON_FIELDS))
-    if unknown:
-        raise BadRequest(f"Unknown field '{unknown[0]}'.", param=unknown[0])
+    body = parse_json_object(raw, JSON_FIELDS)
     content = body.get("content")
     if not isinstance(content, str) or not content.strip():
         raise BadRequest("'content' must be a non-empty string.", param="content")

@@ -165,7 +165,7 @@ async def create_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    body = parse_json_object(await request.body())
+    body = parse_json_object(await request.body(), ("id", "user", "title", "messages"))
     user = user_param(body.get("user"))
     conversation_id = body.get("id")
     if conversation_id is not None and (
@@ -230,7 +230,7 @@ async def update_conversation(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    body = parse_json_object(await request.body())
+    body = parse_json_object(await request.body(), ("title", "archived", "metadata"))
     changes: dict[str, Any] = {}
     if "title" in body:
         if body["title"] is not None and (
@@ -246,9 +246,6 @@ async def update_conversation(
         if not isinstance(body["metadata"], dict):
             raise BadRequest("metadata must be an object.", param="metadata")
         changes["meta"] = body["metadata"]
-    unknown = set(body) - {"title", "archived", "metadata"}
-    if unknown:
-        raise BadRequest(f"Unknown field '{sorted(unknown)[0]}'.", param=sorted(unknown)[0])
 
     def work(conn: Connection) -> ConversationRecord | None:
         _conversation(conn, principal.tenant_id, conversation_id, for_update=True)
@@ -324,7 +321,7 @@ async def append_messages(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    body = parse_json_object(await request.body())
+    body = parse_json_object(await request.body(), ("messages",))
     messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]
     check_messages(messages, imported=True)
     count = await TokenCounter("").prepare(messages)

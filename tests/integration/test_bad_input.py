@@ -70,6 +70,7 @@ WRONG_FIELDS: dict[tuple[str, str], list[Any]] = {
         {"user": USER, "messages": [{"role": "user", "content": "x", "created_at": "2020-13-45"}]},
         {"user": USER, "messages": [{"role": "user", "content": "x"}, {"role": "alien"}]},
         {"user": HUGE},
+        {"user": USER, "message": [{"role": "user", "content": "x"}]},  # (misspelt: not empty)
     ],
     ("POST", "/v1/memory/conversations/c1/messages"): [
         {},
@@ -77,12 +78,14 @@ WRONG_FIELDS: dict[tuple[str, str], list[Any]] = {
         {"messages": [{"role": "user", "content": 5}]},
         {"messages": [{"role": "user", "content": [{"type": "text", "text": ["x"]}]}]},
         {"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}, 7]},
+        {"messages": [{"role": "user", "content": "x"}], "user": "bob"},
     ],
     ("PATCH", "/v1/memory/conversations/c1"): [
         {"title": 5},
         {"archived": "maybe"},
         {"metadata": [1, 2]},
         {"title": HUGE},
+        {"titel": "x"},
     ],
     ("POST", "/v1/memory/conversations/c1/attachments"): [
         {},
@@ -99,6 +102,7 @@ WRONG_FIELDS: dict[tuple[str, str], list[Any]] = {
         {"user": USER, "text": "x", "confidence": "high"},
         {"user": USER, "text": "x", "pinned": "yes"},
         {"user": 5, "text": "x"},
+        {"user": USER, "text": "x", "pin": True},
     ],
 }
 HOSTILE_IDS = [
