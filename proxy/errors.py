@@ -108,6 +108,12 @@ class UpstreamUnreachable(UpstreamError):
     code = "upstream_unreachable"
 
 
+class UpstreamRedirect(UpstreamError):
+    """An upstream answered a request of memproxy's own with a redirect (or a 1xx)."""
+
+    code = "upstream_redirect"
+
+
 class UpstreamTimeout(UpstreamError):
     status, code = 504, "upstream_timeout"
 

@@ -12,7 +12,13 @@ import msgspec
 import structlog
 
 from proxy.config import UpstreamConfig
-from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import (
+    UpstreamError,
+    UpstreamRedirect,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    error_body,
+)
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.headers import passthrough_headers
 
@@ -52,12 +58,36 @@ class OpenAIUpstream:
         headers = {"content-type": "application/json", **self._auth}
         if stream:
             headers["accept"] = "text/event-stream"
-        return await self._send(
+        reply = await self._send(
             "POST", "/chat/completions", b"", headers, msgspec.json.encode(body), stream, sent
         )
+        return self._readable(reply)
 
     async def list_models(self) -> UpstreamReply:
-        return await self._send("GET", "/models", b"", dict(self._auth), b"", False)
+        return self._readable(await self._send("GET", "/models", b"", dict(self._auth), b"", False))
+
+    def _readable(self, reply: UpstreamReply) -> UpstreamReply:
+        """A reply to what memproxy itself asks, as an OpenAI client can read it.
+
+        - A redirect is a 502 naming where it points: memproxy follows none (the upstream's
+          `base_url` is what to change), and passed on, the client's SDK would follow it past
+          the proxy, or back to it for a second turn.
+        - An error status whose body is not OpenAI's error object (a gateway's HTML page, plain
+          text) gets one, with the upstream's status and the start of what it sent.
+        """
+        if reply.status < 200 or 300 <= reply.status < 400:
+            where = reply.headers.get("location")
+            raise UpstreamRedirect(
+                f"Upstream {self.name!r} answered {reply.status}"
+                + (f", a redirect to {where[:300]!r}" if where else "")
+                + "; memproxy follows no redirects: check the upstream's base_url."
+            )
+        if reply.status < 400 or reply.chunks is not None or _is_openai_error(reply.body):
+            return reply
+        sent = (reply.body or b"")[:300].decode("utf-8", "replace").strip()
+        message = f"Upstream {self.name!r} answered {reply.status}" + (f": {sent}" if sent else ".")
+        body = msgspec.json.encode(error_body(message, "upstream_error", code="upstream_error"))
+        return UpstreamReply(reply.status, reply.headers, body=body)
 
     async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
         """The proxy's own embeddings request (recall), read whole."""
@@ -120,7 +150,7 @@ class OpenAIUpstream:
             raise map_transport_error(exc, self.name) from exc
         out_headers = passthrough_headers(response.headers.multi_items())
         media_type = response.headers.get("content-type", "application/json")
-        relay = (stream is True and response.status_code < 400) or stream is None
+        relay = (stream is True and 200 <= response.status_code < 300) or stream is None
         if not relay:
             try:
                 data = await response.aread()
@@ -137,6 +167,15 @@ class OpenAIUpstream:
             chunks=ResponseChunks(response, self.name),
             media_type=media_type,
         )
+
+
+def _is_openai_error(body: bytes | None) -> bool:
+    """Whether `body` is OpenAI's error object: `{"error": {"message": "...", ...}}`."""
+    try:
+        error = msgspec.json.decode(body or b"").get("error")
+    except (msgspec.DecodeError, AttributeError):
+        return False
+    return isinstance(error, dict) and isinstance(error.get("message"), str)
 
 
 @functools.lru_cache(maxsize=1024)

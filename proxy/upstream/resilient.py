@@ -22,7 +22,13 @@ import structlog
 
 from policies.resilience import CircuitBreaker, is_failure, retry_delay
 from proxy.config import UpstreamConfig
-from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from proxy.errors import (
+    ServiceUnavailable,
+    UpstreamError,
+    UpstreamRedirect,
+    UpstreamStatusError,
+    UpstreamTimeout,
+)
 from proxy.upstream.base import Upstream, UpstreamReply
 
 log = structlog.get_logger("memproxy.upstream")
@@ -69,8 +75,9 @@ class ResilientUpstream:
                 if wait is None:
                     raise
                 log.info("upstream_retry", upstream=self.name, attempt=attempt, status=exc.status)
-            except UpstreamTimeout:
-                # Maybe a whole generation the provider bills: for the client to decide.
+            except (UpstreamTimeout, UpstreamRedirect):
+                # Maybe a whole generation the provider bills: for the client to decide. (A
+                # redirect is the configuration's to fix: asking again gets the same one.)
                 self._record(None, trial)
                 raise
             except UpstreamError as exc:  # no response head: unreachable

@@ -17,7 +17,7 @@ import pytest
 
 from proxy.config import BreakerConfig, RetryConfig, UpstreamConfig
 from tests.conftest import KEY, make_config
-from tests.fakes.openai_upstream import FakeOpenAI, error_reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
 
 ASK = [{"role": "user", "content": "hello"}]
 
@@ -159,4 +159,50 @@ async def test_client_errors_never_open_the_circuit(
         assert caught.value.status_code in (400, 429)
     reply = await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK)
     assert reply.choices[0].message.content
+    await sdk.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_error_body_not_in_openais_shape_reaches_the_client_in_it(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str], stream: bool
+) -> None:
+    # A gateway in front of the model answers for it: HTML, plain text, someone else's JSON.
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url)
+    gateway = {"content-type": "text/html", "retry-after": "2"}
+    fake.script = [
+        Reply(status=502, body=b"<html><h1>502 Bad Gateway</h1></html>", headers=gateway),
+        Reply(status=500, body={"error": "boom"}),
+        Reply(status=503, body=b""),
+    ]
+    for status, said in [(502, "<html><h1>502 Bad Gateway</h1></html>"), (500, "boom"), (503, "")]:
+        with pytest.raises(openai.APIStatusError) as failed:
+            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=stream)
+        error = failed.value.response.json()["error"]
+        assert failed.value.status_code == status
+        assert (error["type"], error["code"]) == ("upstream_error", "upstream_error")
+        assert error["message"].startswith(f"Upstream 'main' answered {status}")
+        assert said in error["message"]
+        headers = failed.value.response.headers
+        assert headers["content-type"] == "application/json"
+        assert headers.get("retry-after") == ("2" if status == 502 else None)
+    await sdk.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_redirect_is_a_502_saying_where_not_followed_by_the_client(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str], stream: bool
+) -> None:
+    # (The SDK follows redirects: passed on, it would go past the proxy, or back to it.)
+    fake, url = fake_upstream
+    sdk = start(serve_proxy, url, retries=QUICK)
+    moved = {"location": "https://api.example.com/v1/chat/completions"}
+    fake.script = [Reply(status=308, body=b"", headers=moved)]
+    with pytest.raises(openai.APIStatusError) as failed:
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=stream)
+    error = failed.value.response.json()["error"]
+    assert (failed.value.status_code, error["code"]) == (502, "upstream_redirect")
+    assert "https://api.example.com/v1/chat/completions" in error["message"]
+    assert "base_url" in error["message"]
+    assert len(fake.chat_requests) == 1  # not asked again: the same redirect would come back
     await sdk.close()
