@@ -42,6 +42,7 @@ from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
+from proxy.slow_bodies import limit_body_waits
 from proxy.spill import SpillFile
 from proxy.state import AppState, new_http_client
 from proxy.storage_circuit import StorageCircuit
@@ -293,6 +294,9 @@ def create_app(
         openapi_config=OpenAPIConfig(title="memproxy", version="0.1.0", path="/schema"),
         logging_config=None,
     )
-    # Before the router: a user id holding "/" stays one path segment (proxy/user_paths.py).
-    app.asgi_handler = keep_user_ids_whole(app.asgi_handler)
+    # Before the router: a user id holding "/" stays one path segment (proxy/user_paths.py);
+    # a body that stops arriving is a 408 (proxy/slow_bodies.py).
+    app.asgi_handler = keep_user_ids_whole(
+        limit_body_waits(app.asgi_handler, config.server.body_timeout_seconds)
+    )
     return app

@@ -80,6 +80,10 @@ class Conflict(ProxyError):
     status, type, code = 409, "invalid_request_error", "conflict"
 
 
+class RequestTimeout(ProxyError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class PayloadTooLarge(ProxyError):
     status, type, code = 413, "invalid_request_error", "request_too_large"
 

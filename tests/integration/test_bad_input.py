@@ -7,8 +7,10 @@ database intact."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -359,3 +361,44 @@ def test_a_user_id_header_is_read_as_utf8_the_same_user_as_in_the_management_api
     bad = client.post("/v1/chat/completions", json=chat, headers={"X-Memory-User-Id": b"Jos\xe9"})
     assert bad.status_code == 400 and openai_error(bad) is None
     assert bad.json()["error"]["param"] == "X-Memory-User-Id"
+
+
+def test_a_body_that_stops_arriving_is_a_408_and_one_sent_slowly_is_read_whole(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> None:
+    config = make_config(UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k"))
+    config = config.model_copy(update={"server": ServerConfig(body_timeout_seconds=1.0)})
+    url = httpx.URL(serve_proxy(config))
+    body = json.dumps({"id": "slow", "user": USER, "messages": [{"role": "user", "content": "hi"}]})
+
+    def post(parts: list[bytes], pause: float) -> tuple[int, bytes, str | None]:
+        conn = http.client.HTTPConnection(url.host, url.port, timeout=30)
+        conn.putrequest("POST", "/v1/memory/conversations")
+        for name, value in [
+            ("authorization", f"Bearer {KEY}"),
+            ("content-type", "application/json"),
+            ("content-length", str(len(body))),
+        ]:
+            conn.putheader(name, value)
+        conn.endheaders()
+        try:
+            for part in parts:
+                conn.send(part)
+                time.sleep(pause)
+            response = conn.getresponse()
+            return response.status, response.read(), response.getheader("connection")
+        finally:
+            conn.close()
+
+    # Stalled after its first 10 bytes: answered, in OpenAI's shape, the connection closed
+    # (the server would wait for the rest of the body on it), and nothing stored.
+    status, answer, connection = post([body[:10].encode()], 0)
+    error = json.loads(answer)["error"]
+    assert (status, error["code"], connection) == (408, "request_timeout", "close"), error
+    # A part every 50 ms for longer than the limit in all: each wait is well within it.
+    raw = body.encode()
+    status, answer, _ = post([raw[i : i + 4] for i in range(0, len(raw), 4)], 0.05)
+    assert status == 201, answer
+    with httpx.Client(base_url=str(url), headers={"authorization": f"Bearer {KEY}"}) as client:
+        stored = client.get("/memory/conversations", params={"user": USER}).json()["data"]
+    assert [c["id"] for c in stored] == ["slow"]
