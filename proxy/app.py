@@ -276,7 +276,9 @@ def create_app(
             *usage.ROUTES,
             limits_routes.get_limits,
             ops.healthz,
+            ops.healthz_head,
             ops.readyz,
+            ops.readyz_head,
             ops.metrics,
         ],
         dependencies={

@@ -7,7 +7,7 @@ import asyncio
 import hmac
 from typing import Any
 
-from litestar import Request, Response, get
+from litestar import Request, Response, get, head
 from litestar.di import NamedDependency
 
 from proxy.errors import AuthenticationFailed
@@ -21,23 +21,38 @@ async def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
+@head("/healthz", summary="Liveness, without a body (uptime monitors ask with HEAD)")
+async def healthz_head() -> None:
+    return None
+
+
 @get("/readyz", summary="Readiness: the database answers")
 async def readyz(services: NamedDependency[AppState]) -> Response[dict[str, Any]]:
     """503 while the database does not answer. The storage circuit is reported, not judged:
     open, this replica answers degraded at once, as it should; and the replicas of one
     database open theirs together, so a 503 for it would have a load balancer pull them all."""
+    status, body = await _readiness(services)
+    return Response(body, status_code=status)
+
+
+@head("/readyz", summary="Readiness, without a body")
+async def readyz_head(services: NamedDependency[AppState]) -> Response[None]:
+    status, _ = await _readiness(services)
+    return Response(None, status_code=status)
+
+
+async def _readiness(services: AppState) -> tuple[int, dict[str, Any]]:
     circuit = services.memory.circuit.state()
     try:
         # Bounded like the request path's storage: a probe must answer, slow database or not.
         async with asyncio.timeout(services.memory.timeout):
             await services.db.ping()
     except TimeoutError:
-        body = {"status": "unavailable", "database": "timeout", "storage_circuit": circuit}
-        return Response(body, status_code=503)
+        return 503, {"status": "unavailable", "database": "timeout", "storage_circuit": circuit}
     except StorageError as exc:
-        body = {"status": "unavailable", "database": str(exc)[:200], "storage_circuit": circuit}
-        return Response(body, status_code=503)
-    return Response({"status": "ok", "database": "ok", "storage_circuit": circuit})
+        reason = str(exc)[:200]
+        return 503, {"status": "unavailable", "database": reason, "storage_circuit": circuit}
+    return 200, {"status": "ok", "database": "ok", "storage_circuit": circuit}
 
 
 @get("/metrics", summary="Prometheus metrics")

@@ -145,8 +145,11 @@ async def eventually(
 
 
 async def readiness(base_url: str) -> tuple[int, dict[str, Any]]:
+    """/readyz's status and body; HEAD /readyz (an uptime monitor's) says the same, bodiless."""
     async with httpx.AsyncClient() as http:
         answer = await http.get(base_url.removesuffix("/v1") + "/readyz")
+        headed = await http.head(base_url.removesuffix("/v1") + "/readyz")
+        assert (headed.status_code, headed.content) == (answer.status_code, b""), answer.json()
         return answer.status_code, answer.json()
 
 

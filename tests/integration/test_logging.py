@@ -110,6 +110,7 @@ def test_json_logs_are_json_throughout_and_probes_stay_quiet(tmp_path: Path) -> 
         base = replica.url.removesuffix("/v1")
         for probe in ("/healthz", "/readyz"):
             assert httpx.get(base + probe, timeout=30).status_code == 200
+            assert httpx.head(base + probe, timeout=30).status_code == 200  # (uptime monitors)
         answer = httpx.post(
             replica.url + "/chat/completions",
             json={"model": "echo-1", "messages": [{"role": "user", "content": "hi"}]},
