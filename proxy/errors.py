@@ -13,6 +13,7 @@
     ├── ServiceUnavailable          503
     └── UpstreamError               the upstream failed us
         ├── UpstreamUnreachable     502 (connect failure, connection dropped)
+        ├── UpstreamRedirect        502 upstream_redirect (memproxy follows none)
         ├── UpstreamTimeout         504
         └── UpstreamStatusError     the upstream's own status and error body, passed through
 
@@ -113,7 +114,7 @@ class UpstreamUnreachable(UpstreamError):
 
 
 class UpstreamRedirect(UpstreamError):
-    """An upstream answered a request of memproxy's own with a redirect (or a 1xx)."""
+    """An upstream answered a chat completion or the model list with a redirect."""
 
     code = "upstream_redirect"
 

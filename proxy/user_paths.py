@@ -26,7 +26,7 @@ def routed_path(path: str, raw_path: bytes | None, root_path: str = "") -> str:
     """The path to route for a request to `path` (as the server decoded it), sent as
     `raw_path` (with `root_path` before it, as uvicorn gives it): for the users routes, the
     user id segment decoded but for "%" and "/"; any other path as it is."""
-    raw = raw_path or b""
+    raw = (raw_path or b"").partition(b"?")[0]  # (some servers and test clients keep it)
     root = root_path.encode()
     if root and raw.startswith(root):
         raw = raw[len(root) :]

@@ -69,25 +69,25 @@ class OpenAIUpstream:
     def _readable(self, reply: UpstreamReply) -> UpstreamReply:
         """A reply to what memproxy itself asks, as an OpenAI client can read it.
 
-        - A redirect is a 502 naming where it points: memproxy follows none (the upstream's
-          `base_url` is what to change), and passed on, the client's SDK would follow it past
-          the proxy, or back to it for a second turn.
-        - An error status whose body is not OpenAI's error object (a gateway's HTML page, plain
-          text) gets one, with the upstream's status and the start of what it sent.
+        - A redirect is a 502 naming where it points, which the client's SDK is told not to
+          retry: memproxy follows none (the upstream's `base_url` is what to change), and
+          passed on, the SDK would follow it past the proxy, or back to it for a second turn.
+        - An error status whose body is not OpenAI's error object gets one: a top-level error
+          (`{"message", "type", "code"}`, as older vLLM sends) nested, anything else (a
+          gateway's HTML page, plain text) as the upstream's status and the start of its text.
         """
-        if reply.status < 200 or 300 <= reply.status < 400:
+        if 300 <= reply.status < 400:
             where = reply.headers.get("location")
             raise UpstreamRedirect(
                 f"Upstream {self.name!r} answered {reply.status}"
                 + (f", a redirect to {where[:300]!r}" if where else "")
-                + "; memproxy follows no redirects: check the upstream's base_url."
+                + "; memproxy follows no redirects: check the upstream's base_url.",
+                headers={"x-should-retry": "false"},
             )
-        if reply.status < 400 or reply.chunks is not None or _is_openai_error(reply.body):
+        if reply.status < 400 or reply.chunks is not None:
             return reply
-        sent = (reply.body or b"")[:300].decode("utf-8", "replace").strip()
-        message = f"Upstream {self.name!r} answered {reply.status}" + (f": {sent}" if sent else ".")
-        body = msgspec.json.encode(error_body(message, "upstream_error", code="upstream_error"))
-        return UpstreamReply(reply.status, reply.headers, body=body)
+        body = _openai_error(reply.body or b"", f"Upstream {self.name!r} answered {reply.status}")
+        return reply if body is None else UpstreamReply(reply.status, reply.headers, body=body)
 
     async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
         """The proxy's own embeddings request (recall), read whole."""
@@ -169,13 +169,29 @@ class OpenAIUpstream:
         )
 
 
-def _is_openai_error(body: bytes | None) -> bool:
-    """Whether `body` is OpenAI's error object: `{"error": {"message": "...", ...}}`."""
+def _openai_error(body: bytes, prefix: str) -> bytes | None:
+    """An upstream's error `body` in OpenAI's shape, or None when it is in it already: a
+    top-level error object nested under "error", anything else said after `prefix`."""
     try:
-        error = msgspec.json.decode(body or b"").get("error")
-    except (msgspec.DecodeError, AttributeError):
-        return False
-    return isinstance(error, dict) and isinstance(error.get("message"), str)
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict):
+        if isinstance(data.get("error"), dict) and isinstance(data["error"].get("message"), str):
+            return None
+        if isinstance(data.get("message"), str):
+            text = {k: v if isinstance(v, str) else None for k, v in data.items()}
+            return msgspec.json.encode(
+                error_body(
+                    data["message"],
+                    text.get("type") or "upstream_error",
+                    text.get("param"),
+                    text.get("code") or "upstream_error",
+                )
+            )
+    sent = body.decode("utf-8", "replace")[:300].strip()
+    message = prefix + (f": {sent}" if sent else ".")
+    return msgspec.json.encode(error_body(message, "upstream_error", code="upstream_error"))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -75,10 +75,15 @@ class ResilientUpstream:
                 if wait is None:
                     raise
                 log.info("upstream_retry", upstream=self.name, attempt=attempt, status=exc.status)
-            except (UpstreamTimeout, UpstreamRedirect):
-                # Maybe a whole generation the provider bills: for the client to decide. (A
-                # redirect is the configuration's to fix: asking again gets the same one.)
+            except UpstreamTimeout:
+                # Maybe a whole generation the provider bills: for the client to decide.
                 self._record(None, trial)
+                raise
+            except UpstreamRedirect:
+                # The configuration's to fix: asking again gets the same one, and an open
+                # circuit would hide what to fix behind "is failing".
+                if self.breaker is not None:
+                    self.breaker.abandon(trial=trial)
                 raise
             except UpstreamError as exc:  # no response head: unreachable
                 self._record(None, trial)

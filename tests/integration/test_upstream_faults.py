@@ -186,6 +186,18 @@ async def test_an_error_body_not_in_openais_shape_reaches_the_client_in_it(
         headers = failed.value.response.headers
         assert headers["content-type"] == "application/json"
         assert headers.get("retry-after") == ("2" if status == 502 else None)
+    # An error object at the top level (older vLLM's) is nested, its text fields kept.
+    top_level = {"object": "error", "message": "no such model", "type": "NotFound", "code": 404}
+    fake.script = [Reply(status=404, body=top_level)]
+    with pytest.raises(openai.NotFoundError) as missing:
+        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=stream)
+    error = missing.value.response.json()["error"]
+    assert error == {
+        "message": "no such model",
+        "type": "NotFound",
+        "param": None,
+        "code": "upstream_error",
+    }
     await sdk.close()
 
 
@@ -195,14 +207,25 @@ async def test_an_upstream_redirect_is_a_502_saying_where_not_followed_by_the_cl
 ) -> None:
     # (The SDK follows redirects: passed on, it would go past the proxy, or back to it.)
     fake, url = fake_upstream
-    sdk = start(serve_proxy, url, retries=QUICK)
+    upstream = UpstreamConfig(
+        kind="openai",
+        base_url=url,
+        api_key="k",
+        retries=QUICK,
+        breaker=BreakerConfig(failures=1, open_seconds=3600),
+    )
+    # The SDK's own retries left on (2 by default): the answer tells it not to.
+    sdk = openai.AsyncOpenAI(base_url=serve_proxy(make_config(upstream)), api_key=KEY)
     moved = {"location": "https://api.example.com/v1/chat/completions"}
-    fake.script = [Reply(status=308, body=b"", headers=moved)]
-    with pytest.raises(openai.APIStatusError) as failed:
-        await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=stream)
-    error = failed.value.response.json()["error"]
-    assert (failed.value.status_code, error["code"]) == (502, "upstream_redirect")
-    assert "https://api.example.com/v1/chat/completions" in error["message"]
-    assert "base_url" in error["message"]
-    assert len(fake.chat_requests) == 1  # not asked again: the same redirect would come back
+    fake.script = [Reply(status=308, body=b"", headers=moved) for _ in range(2)]
+    for asked in (1, 2):
+        with pytest.raises(openai.APIStatusError) as failed:
+            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ASK, stream=stream)
+        error = failed.value.response.json()["error"]
+        # Not "failing" either: the circuit would hide what to change behind a 503.
+        assert (failed.value.status_code, error["code"]) == (502, "upstream_redirect")
+        assert "https://api.example.com/v1/chat/completions" in error["message"]
+        assert "base_url" in error["message"]
+        # Asked once each time, by neither memproxy nor the SDK again (the same would come).
+        assert len(fake.chat_requests) == asked
     await sdk.close()

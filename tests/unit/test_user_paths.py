@@ -30,3 +30,7 @@ def test_the_root_path_is_kept_and_other_paths_are_left_as_the_server_decoded_th
         "/v1/memory/conversations/a/b"
     )
     assert routed_path("/v1/memory/users/x", None) == "/v1/memory/users/x"
+    # A raw path that still holds the query (Litestar's test client sends one so).
+    assert routed_path("/v1/memory/users/a/b/export", b"/v1/memory/users/a%2Fb/export?x=1") == (
+        "/v1/memory/users/a%2Fb/export"
+    )
