@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,10 +34,17 @@ def parse_json_object(raw: bytes, fields: Collection[str] | None = None) -> dict
     # JSON can only carry a NUL as the escape \u0000; look closer only when that is there.
     if b"\\u0000" in raw and _holds_nul(body):
         raise BadRequest(NUL_IN_BODY)
-    unknown = [] if fields is None else sorted(set(body) - set(fields))
-    if unknown:
-        raise BadRequest(f"Unknown field '{unknown[0]}'.", param=unknown[0])
+    if fields is not None:
+        refuse_unknown(body, fields)
     return body
+
+
+def refuse_unknown(names: Iterable[str], known: Collection[str], what: str = "field") -> None:
+    """A 400 naming the first of `names` not among `known` (a misspelt field is not left out
+    unnoticed)."""
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise BadRequest(f"Unknown {what} '{unknown[0]}'.", param=unknown[0])
 
 
 NUL_IN_BODY = (

@@ -28,7 +28,7 @@ from proxy.config import ServerConfig
 from proxy.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
 from proxy.errors import BadRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from proxy.memory import now
-from proxy.requests import parse_json_object
+from proxy.requests import parse_json_object, refuse_unknown
 from proxy.responses import json_response
 from proxy.routes.memory import MANAGE, limit_param, page
 from proxy.state import AppState
@@ -178,9 +178,7 @@ async def _from_form(request: Request[Any, Any, Any], server: ServerConfig) -> _
         ) from None
     try:
         fields = {name: form.getall(name) for name in form}
-        unknown = sorted(set(fields) - set(FORM_FIELDS))
-        if unknown:
-            raise BadRequest(f"Unknown form field '{unknown[0]}'.", param=unknown[0])
+        refuse_unknown(fields, FORM_FIELDS, "form field")
         for name, values in fields.items():
             if len(values) > 1:
                 raise BadRequest(f"Send '{name}' once.", param=name)

@@ -39,11 +39,10 @@ def job_object(job: JobRecord) -> dict[str, Any]:
     }
 
 
-def _pk(job_id: str, param: str) -> int:
+def _pk(job_id: str) -> int | None:
+    """The row a job id names, or None when it is not a job id."""
     match = JOB_ID.fullmatch(job_id)
-    if match is None:
-        raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param=param)
-    return int(match.group(1))
+    return None if match is None else int(match.group(1))
 
 
 @get("/v1/memory/jobs", opt=MANAGE, summary="List background jobs")
@@ -61,10 +60,9 @@ async def list_jobs(
         user_param(user)
     subject = params.get("subject")
     after = params.get("after")
-    cursor = JOB_ID.fullmatch(after) if after is not None else None
-    if after is not None and cursor is None:  # (as a conversation's or a memory's cursor)
+    after_pk = None if after is None else _pk(after)
+    if after is not None and after_pk is None:  # (as a conversation's or a memory's cursor)
         raise BadRequest(f"after: no job '{after}'.", param="after")
-    after_pk = int(cursor.group(1)) if cursor is not None else None
     limit = limit_param(request)
 
     def work(conn: Connection) -> list[JobRecord]:
@@ -88,7 +86,9 @@ async def get_job(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    pk = _pk(job_id, "job_id")
+    pk = _pk(job_id)
+    if pk is None:
+        raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param="job_id")
     found = await services.db.read(lambda conn: Jobs(conn).get(principal.tenant_id, pk))
     if found is None:
         raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found")
