@@ -22,10 +22,14 @@ from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
 ASK = [{"role": "user", "content": "hello"}]
 
 
-def start(serve_proxy: Callable[..., str], base_url: str, **settings: Any) -> openai.AsyncOpenAI:
+def start(
+    serve_proxy: Callable[..., str], base_url: str, sdk_retries: int = 0, **settings: Any
+) -> openai.AsyncOpenAI:
+    """memproxy in front of `base_url` (the upstream's `settings`), and an SDK client of it
+    that retries `sdk_retries` times."""
     upstream = UpstreamConfig(kind="openai", base_url=base_url, api_key="k", **settings)
     return openai.AsyncOpenAI(
-        base_url=serve_proxy(make_config(upstream)), api_key=KEY, max_retries=0
+        base_url=serve_proxy(make_config(upstream)), api_key=KEY, max_retries=sdk_retries
     )
 
 
@@ -207,15 +211,9 @@ async def test_an_upstream_redirect_is_a_502_saying_where_not_followed_by_the_cl
 ) -> None:
     # (The SDK follows redirects: passed on, it would go past the proxy, or back to it.)
     fake, url = fake_upstream
-    upstream = UpstreamConfig(
-        kind="openai",
-        base_url=url,
-        api_key="k",
-        retries=QUICK,
-        breaker=BreakerConfig(failures=1, open_seconds=3600),
-    )
-    # The SDK's own retries left on (2 by default): the answer tells it not to.
-    sdk = openai.AsyncOpenAI(base_url=serve_proxy(make_config(upstream)), api_key=KEY)
+    # The SDK's own retries on (2, its default): the answer tells it not to.
+    breaker = BreakerConfig(failures=1, open_seconds=3600)
+    sdk = start(serve_proxy, url, sdk_retries=2, retries=QUICK, breaker=breaker)
     moved = {"location": "https://api.example.com/v1/chat/completions"}
     fake.script = [Reply(status=308, body=b"", headers=moved) for _ in range(2)]
     for asked in (1, 2):
