@@ -157,6 +157,7 @@ class _Work:
     turns: list[MessageRecord]
     cached: SummaryRecord | None = None
     key: str = ""
+    reached: int = 0  # the last seq read: the job's `through_seq`, or short of it (MAX_MESSAGES)
 
 
 class HistorySummarizer:
@@ -206,7 +207,7 @@ class HistorySummarizer:
             start, calls = start + size, calls + 1
         assert text is not None
         done = work.turns[:start]
-        last = done[-1].seq if start < len(work.turns) else through
+        last = done[-1].seq if start < len(work.turns) else work.reached
         key = work.key
         if start < len(work.turns):  # the rest waits for the next job: keyed by what was read
             root = work.previous.key if work.previous else f"{KIND}:{subject}"
@@ -232,12 +233,13 @@ class HistorySummarizer:
         after = covered(previous) or 0
         if after >= through:
             return _Work(previous, [])
+        limit = min(through - after, MAX_MESSAGES)
         found = Conversations(conn).messages(
-            job.tenant_id,
-            conversation_pk,
-            after_seq=after,
-            limit=min(through - after, MAX_MESSAGES),
+            job.tenant_id, conversation_pk, after_seq=after, limit=limit
         )
+        # Read as far as `through`, unless the limit stopped short: then what a summary of
+        # these may claim ends at the last one read, and the rest waits for the next job.
+        reached = found[-1].seq if found and len(found) == limit < through - after else through
         turns = [
             m
             for m in found
@@ -250,7 +252,7 @@ class HistorySummarizer:
         # each have their own.
         root = previous.key if previous is not None else f"{KIND}:{subject}"
         key = summary_key(root, turns_hash([m.to_openai() for m in turns]), model)
-        return _Work(previous, turns, summaries.get(job.tenant_id, key), key)
+        return _Work(previous, turns, summaries.get(job.tenant_id, key), key, reached)
 
     async def _call(
         self,

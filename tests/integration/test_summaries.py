@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from policies.summaries import HEADER, JOB_KIND
+from proxy.summaries import MAX_MESSAGES
 from proxy.config import (
     Config,
     ContextSettings,
@@ -252,3 +253,36 @@ async def test_a_summariser_that_never_answers_times_out_and_never_holds_up_the_
     assert [m["content"] for m in sent] == TRUNCATED_AT_FIVE
     job = await client.job(6, until=("dead",))
     assert "did not answer within 0.2 s" in job["last_error"]
+
+
+async def test_a_summary_claims_only_the_turns_its_model_read_and_the_next_job_reads_on(
+    client: Client, summary_model: tuple[FakeOpenAI, str]
+) -> None:
+    """A job reads at most MAX_MESSAGES stored messages: when more aged out, its summary
+    covers as far as it read, not as far as it was queued for, and the rest is read next."""
+    model = summary_model[0]
+    model.script = [said(f"SUMMARY PART {n}") for n in range(1, 9)]
+    imported = [
+        {"role": "user" if n % 2 else "assistant", "content": f"m{n}"}
+        for n in range(1, MAX_MESSAGES + 201)
+    ]
+    created = await client.http.post(
+        "/memory/conversations", json={"id": "long", "user": "alice", "messages": imported}
+    )
+    assert created.status_code == 201, created.text
+    first, _ = await client.turn("next")
+    queued = (await client.summary_record(first))["queued_through"]
+    assert queued > MAX_MESSAGES + 100
+    job = await client.job(queued)
+
+    def read() -> str:
+        return "\n".join(r["messages"][1]["content"] for r in model.chat_requests)
+
+    covered = job["result"]["through_seq"]
+    assert covered == MAX_MESSAGES and f"assistant: m{MAX_MESSAGES}" in read()
+    assert f"m{MAX_MESSAGES + 1}" not in read()
+    # The next turn's job reads on from there.
+    second, _ = await client.turn("and next")
+    later = (await client.summary_record(second))["queued_through"]
+    assert (await client.job(later))["result"]["through_seq"] == later
+    assert f"user: m{MAX_MESSAGES + 1}\n" in read() and f"m{MAX_MESSAGES + 200}" in read()
