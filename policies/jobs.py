@@ -15,7 +15,8 @@ class RetryPolicy:
     def delay(self, attempts: int) -> timedelta:
         """How long after its `attempts`-th failed attempt a job waits: doubling from the
         first delay, capped."""
-        seconds = self.first_delay_s * 2 ** max(0, attempts - 1)
+        doublings = min(max(0, attempts - 1), 64)  # (past the cap long before: no overflow)
+        seconds = self.first_delay_s * 2**doublings
         return timedelta(seconds=min(seconds, self.max_delay_s))
 
     def next_run(self, attempts: int, now: datetime) -> datetime | None:

@@ -43,6 +43,8 @@ def clamp01(value: Any, default: float = 0.5) -> float:
         number = float(value)
     except ValueError:
         return default
+    except OverflowError:  # an integer too large for a float: far out of range either way
+        number = 1.0 if isinstance(value, int) and value > 0 else 0.0
     if number != number:  # NaN
         return default
     return round(min(1.0, max(0.0, number)), 4)

@@ -154,34 +154,66 @@ class JobRunner:
             self._loop = None
 
     async def run_once(self) -> int:
-        """Claim up to `concurrency` due jobs and run them; how many were claimed."""
-        now = _now()
-        claimed = await self.db.write(
-            lambda conn: SystemRepository(conn).claim_jobs(
-                self.worker,
-                now=now,
-                lease=self.lease,
-                limit=self.concurrency,
-                max_attempts=self.retry.max_attempts,
-            )
-        )
+        """Claim up to `concurrency` due jobs and run them to the end; how many were claimed."""
+        claimed = await self._claim(self.concurrency)
         if claimed:
             await asyncio.gather(*(self._run(job) for job in claimed))
         return len(claimed)
 
+    async def _claim(self, limit: int) -> list[JobRecord]:
+        now = _now()
+        return await self.db.write(
+            lambda conn: SystemRepository(conn).claim_jobs(
+                self.worker,
+                now=now,
+                lease=self.lease,
+                limit=limit,
+                max_attempts=self.retry.max_attempts,
+            )
+        )
+
     async def _poll(self) -> None:
-        while True:
-            try:
-                if await self.run_once():
-                    continue  # there may be more
-            except StorageError as exc:
-                log.warning("jobs_poll_failed", error=str(exc))
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(self.poll_seconds):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+        """Keep up to `concurrency` jobs running: a free slot is filled as soon as a job ends,
+        so one slow job does not hold up the others queued behind it."""
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                if len(running) < self.concurrency:
+                    self._wake.clear()  # (before the claim: a job queued during it wakes us)
+                    claimed: list[JobRecord] = []
+                    try:
+                        claimed = await self._claim(self.concurrency - len(running))
+                    except StorageError as exc:
+                        log.warning("jobs_poll_failed", error=str(exc))
+                    except Exception:  # the loop goes on: it is every job's way in
+                        log.error("jobs_poll_error", exc_info=True)
+                    for job in claimed:
+                        task = asyncio.create_task(self._run(job))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                        task.add_done_callback(self._ended)
+                    if claimed:
+                        continue  # there may be more
+                waits: set[asyncio.Future[Any]] = set(running)
+                waker = None
+                if len(running) < self.concurrency:  # room for a job queued meanwhile
+                    waker = asyncio.ensure_future(self._wake.wait())
+                    waits.add(waker)
+                try:
+                    await asyncio.wait(
+                        waits, timeout=self.poll_seconds, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    if waker is not None:
+                        waker.cancel()
+        finally:  # stopping: each job still running is put back in the queue
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # (settling it failed)
+            log.error("job_not_settled", error=repr(task.exception()))
 
     async def _run(self, job: JobRecord) -> None:
         handler = self.handlers.get(job.kind)
@@ -196,8 +228,8 @@ class JobRunner:
             outcome = "done" if written else "dropped"
             if not written:
                 log.info("job_dropped", job=job.pk, kind=job.kind, tenant=job.tenant_id)
-        except asyncio.CancelledError:
-            await self._settle(job, "queued", errors, None, run_after=_now())
+        except asyncio.CancelledError:  # stopping: this attempt does not count
+            await self._settle(job, "queued", errors, None, run_after=_now(), retake=True)
             raise
         except Exception as exc:
             failure = exc if isinstance(exc, JobFailed) else JobFailed(repr(exc))
@@ -247,6 +279,7 @@ class JobRunner:
         error: str | None,
         *,
         run_after: datetime | None,
+        retake: bool = False,
     ) -> None:
         try:
             await self.db.write(
@@ -258,6 +291,7 @@ class JobRunner:
                     result={"errors": errors} if errors else None,
                     error=error,
                     run_after=run_after,
+                    retake=retake,
                 )
             )
         except StorageError as exc:  # the lease runs out and the job is taken again

@@ -117,9 +117,11 @@ class SystemRepository:
         result: dict[str, Any] | None = None,
         error: str | None = None,
         run_after: datetime | None = None,
+        retake: bool = False,
     ) -> bool:
         """End `worker`'s attempt at a job: `done`, `queued` again (a retry at `run_after`) or
-        `dead`. False if the job is no longer the worker's (erased, or its lease was taken)."""
+        `dead`; `retake`: the attempt is given back (the worker stopped, the job did not fail).
+        False if the job is no longer the worker's (erased, or its lease was taken)."""
         values: dict[str, Any] = {
             "status": status,
             "worker": None,
@@ -131,6 +133,8 @@ class SystemRepository:
             values["last_error"] = error
         if run_after is not None:
             values["run_after"] = run_after
+        if retake:
+            values["attempts"] = J.c.attempts - 1
         outcome = self.conn.execute(
             update(J)
             .where(J.c.pk == pk, J.c.worker == worker, J.c.status == "running")

@@ -21,6 +21,7 @@ from storage.records import JobRecord
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
 from storage.repositories.system import SystemRepository
+from tests.polling import eventually
 
 LEASE = timedelta(minutes=5)
 
@@ -323,3 +324,72 @@ async def test_stopping_puts_a_running_job_back(db: Database) -> None:
     await jobs.stop()
     back = await job(db, "req_1")
     assert (back.status, back.worker) == ("queued", None)
+    # A stop is not a failure: the attempt is given back, so deploys never use a job's
+    # attempts up (here, two: one more stop, then a real failure, still leaves a retry).
+    assert back.attempts == 0
+    started.clear()
+    await jobs.start()
+    await started.wait()
+    await jobs.stop()
+    assert (await job(db, "req_1")).attempts == 0
+
+    async def failing(job: JobRecord) -> Apply:
+        raise JobFailed("the memory model answered 503")
+
+    assert await runner(db, k=failing).run_once() == 1
+    failed = await job(db, "req_1")
+    assert (failed.status, failed.attempts) == ("queued", 1)
+
+
+async def test_a_slow_job_does_not_hold_up_the_jobs_queued_behind_it(db: Database) -> None:
+    """The runner fills a free slot as soon as one frees up, not once the whole batch it
+    claimed has ended."""
+    release = asyncio.Event()
+
+    async def handler(job: JobRecord) -> Apply:
+        if job.ref == "req_slow":
+            await release.wait()  # a memory model taking its time
+        return remember(job.ref)
+
+    jobs = runner(db, k=handler)
+    await enqueue(db, "req_slow")
+    await jobs.start()
+    try:
+        await eventually(lambda: _status(db, "req_slow", "running"))
+        for ref in ("req_2", "req_3"):  # queued later, each run while the slow one waits
+            await enqueue(db, ref)
+            jobs.wake()
+            await eventually(lambda r=ref: _status(db, r, "done"))  # type: ignore[misc]
+        assert (await job(db, "req_slow")).status == "running"
+        release.set()
+        await eventually(lambda: _status(db, "req_slow", "done"))
+    finally:
+        release.set()
+        await jobs.stop()
+    assert sorted(await memories(db)) == ["req_2", "req_3", "req_slow"]
+
+
+async def test_a_job_whose_bookkeeping_fails_does_not_stop_the_runner(db: Database) -> None:
+    class Broken(RetryPolicy):
+        def next_run(self, attempts: int, now: datetime) -> datetime | None:
+            raise RuntimeError("no next run")
+
+    async def handler(job: JobRecord) -> Apply:
+        if job.ref == "req_1":
+            raise JobFailed("the memory model answered 503")
+        return remember(job.ref)
+
+    jobs = JobRunner(db, Metrics(), poll_seconds=0.05, retry=Broken(), worker="me")
+    jobs.register("k", handler)
+    await enqueue(db, "req_1")
+    await jobs.start()
+    try:
+        await eventually(lambda: _status(db, "req_1", "running"))  # left to its lease
+        await enqueue(db, "req_2")
+        await eventually(lambda: _status(db, "req_2", "done"))
+    finally:
+        await jobs.stop()
+
+
+async def _status(db: Database, ref: str, status: str) -> bool:
+    return (await job(db, ref)).status == status

@@ -160,6 +160,9 @@ def test_a_fenced_reply_is_read() -> None:
         (None, 0.5),
         ("high", 0.5),
         (float("nan"), 0.5),
+        (10**400, 1.0),  # valid JSON, too large for a float
+        (-(10**400), 0.0),
+        ("1e999", 1.0),
     ],
 )
 def test_confidence_is_clamped_to_0_1(value: Any, expected: float) -> None:
@@ -189,3 +192,6 @@ def test_retries_back_off_doubling_up_to_a_cap_then_give_up() -> None:
         now + timedelta(seconds=25),
     ]
     assert policy.next_run(4, now) is None
+    # Retried for weeks: the thousandth attempt waits the cap, rather than overflowing.
+    patient = RetryPolicy(max_attempts=100_000, first_delay_s=10.0, max_delay_s=3600)
+    assert patient.next_run(1100, now) == now + timedelta(hours=1)
