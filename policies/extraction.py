@@ -107,6 +107,24 @@ def extraction_request(
     return json_request(model, system, user, max_tokens)
 
 
+def turn_of(roles: Sequence[str], before: int = 1) -> tuple[int, int]:
+    """An exchange's turn among its stored messages (their roles, in order, the `before`
+    messages of the conversation ahead of them first): where what to read begins (`before`
+    messages ahead of the turn), and the turn, the last message not from the assistant (the
+    user's, or a tool's result). A client that resent its whole history to a conversation
+    the proxy did not know stored all of it with the exchange; what is new is the turn and
+    the reply."""
+    turn = max((i for i, role in enumerate(roles) if role != "assistant"), default=0)
+    return max(0, turn - before), turn
+
+
+def spellings(text: str) -> list[str]:
+    """The lowercased texts a memory repeating `text` may be stored as (what `_normal` takes
+    for the same), for a check against the store."""
+    normal = _normal(text)
+    return [normal, normal + ".", normal + "!"]
+
+
 def parse_decisions(content: Any, known: Sequence[Known]) -> tuple[list[Decision], list[Rejected]]:
     """The decisions to apply and those rejected (with why). Raises `BadExtraction` when the
     reply is not a JSON object with a `memories` list."""

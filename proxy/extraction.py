@@ -25,6 +25,8 @@ from policies.extraction import (
     Rejected,
     extraction_request,
     parse_decisions,
+    spellings,
+    turn_of,
 )
 from policies.memories import rank_memories, stem
 from policies.recall import query_terms
@@ -75,7 +77,7 @@ class MemoryExtractor:
         if tenant is None or upstream is None:
             raise JobFailed("extraction is off for this tenant now")
         settings = tenant.memory
-        messages, known = await self.db.read(
+        messages, known, versions = await self.db.read(
             lambda conn: self._read(conn, job, settings.similar_memories)
         )
         if not messages:
@@ -95,18 +97,23 @@ class MemoryExtractor:
             decisions, rejected = parse_decisions(answer.content, known)
         except BadExtraction as exc:
             raise JobFailed(str(exc), output=answer.output) from exc
-        shown = {k.id: k.text for k in known}
-        return lambda conn: self._apply(conn, job, settings.model, decisions, rejected, shown)
+        return lambda conn: self._apply(conn, job, settings.model, decisions, rejected, versions)
 
     def _read(
         self, conn: Connection, job: JobRecord, similar: int
-    ) -> tuple[Sequence[MessageRecord], list[Known]]:
-        messages = Conversations(conn).exchange_messages(
+    ) -> tuple[Sequence[MessageRecord], list[Known], dict[str, datetime]]:
+        """The exchange's turn (with the message before it) and reply, the user's memories
+        most like them, and when each of those was last changed."""
+        stored = Conversations(conn).exchange_messages(
             job.tenant_id, job.ref, before=CONTEXT_MESSAGES
         )
+        start, turn = turn_of([m.role for m in stored], CONTEXT_MESSAGES)
+        messages = stored[start:]
         if not messages or similar == 0:
-            return messages, []
-        text = " ".join(message_text(m.to_openai()) for m in messages)
+            return messages, [], {}
+        # The turn's words first: a long reply's must not crowd them out of the search.
+        first = [stored[turn], *(m for m in messages if m is not stored[turn])]
+        text = " ".join(message_text(m.to_openai()) for m in first)
         terms = query_terms(text)
         memories = Memories(conn)
         found = memories.find(
@@ -123,7 +130,8 @@ class MemoryExtractor:
                     break
                 if m.id not in ids:
                     chosen.append(m)
-        return messages, [Known(m.id, m.kind, m.text, m.pinned) for m in chosen]
+        known = [Known(m.id, m.kind, m.text, m.pinned) for m in chosen]
+        return messages, known, {m.id: m.updated_at for m in chosen}
 
     def _apply(
         self,
@@ -132,9 +140,9 @@ class MemoryExtractor:
         model: str,
         decisions: list[Decision],
         rejected: list[Rejected],
-        shown: Mapping[str, str],
+        shown: Mapping[str, datetime],
     ) -> dict[str, Any]:
-        """Write the decisions; `shown`: the text of each memory the model was shown, by id."""
+        """Write the decisions; `shown`: when each memory the model was shown last changed."""
         memories, now = Memories(conn), datetime.now(UTC)
         applied: list[dict[str, Any]] = []
         refused = [r.as_dict() for r in rejected]
@@ -155,10 +163,20 @@ class MemoryExtractor:
 
     @staticmethod
     def _one(
-        memories: Memories, job: JobRecord, d: Decision, shown: Mapping[str, str], now: datetime
+        memories: Memories,
+        job: JobRecord,
+        d: Decision,
+        shown: Mapping[str, datetime],
+        now: datetime,
     ) -> tuple[str | None, str | None]:
         """Apply one decision: (the memory's id, None), or (None, why not). An update or delete
-        is for the memory as the model saw it: not once it is gone, pinned or edited since."""
+        is for the memory as the model saw it: not once it is gone, pinned or edited since. An
+        add, or an update's new text, that the user's memories hold already (another job of
+        theirs stored it meanwhile, say) is not written again."""
+        if d.text is not None:
+            same = memories.with_text(job.tenant_id, job.user_id, spellings(d.text))
+            if set(same) - {d.memory_id}:
+                return None, "already remembered"
         if d.action == "add":
             assert d.text is not None
             memory = memories.create(
@@ -178,7 +196,7 @@ class MemoryExtractor:
             return None, "the memory is gone"
         if current.pinned:
             return None, "the memory was pinned meanwhile"
-        if current.text != shown.get(d.memory_id):
+        if current.updated_at != shown.get(d.memory_id):
             return None, "the memory was edited meanwhile"
         if d.action == "delete":
             memories.delete(job.tenant_id, d.memory_id)

@@ -154,6 +154,15 @@ class Memories:
         rows = self.conn.execute(query.order_by(R.c.pk.desc()).limit(limit))
         return [_record(r) for r in rows]
 
+    def with_text(self, tenant_id: str, user_id: str, folded: Sequence[str]) -> list[str]:
+        """The ids of the user's memories whose text, lowercased, is one of `folded`."""
+        rows = self.conn.execute(
+            select(R.c.id).where(
+                R.c.tenant_id == tenant_id, R.c.user_id == user_id, R.c.folded.in_(list(folded))
+            )
+        )
+        return list(rows.scalars())
+
     def update(
         self,
         tenant_id: str,

@@ -350,29 +350,120 @@ async def test_a_memory_model_slower_than_its_timeout_fails_the_job_with_the_rea
         await proxy.close()
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [{"text": "The user lives in Berlin."}, {"kind": "event"}, {"confidence": 0.1}],
+    ids=["text", "kind", "confidence"],
+)
 async def test_a_memory_the_user_edits_while_the_model_thinks_keeps_the_users_edit(
-    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str]
+    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str], edit: dict[str, Any]
 ) -> None:
     model, proxy = memory_model[0], proxies()
     created = await proxy.http.post(
         "/memory/memories", json={"user": "alice", "text": "The user lives in Lisbon."}
     )
     memory_id = created.json()["id"]
-    held = decisions({"action": "update", "id": memory_id, "text": "The user lives in Porto."})
+    held = decisions(
+        {"action": "update", "id": memory_id, "text": "The user lives in Porto.", "confidence": 1}
+    )
     held.hold = True
     model.script = [held]
     request_id = await proxy.chat("I moved from Lisbon to Porto.")
     await eventually(lambda: asyncio.sleep(0, result=model.chat_requests))
     assert memory_id in model.chat_requests[0]["messages"][1]["content"]  # it was shown
-    edited = await proxy.http.patch(
-        f"/memory/memories/{memory_id}", json={"text": "The user lives in Berlin."}
-    )
+    edited = await proxy.http.patch(f"/memory/memories/{memory_id}", json=edit)
     assert edited.status_code == 200
     model.release.set()
     job = await proxy.job_of(request_id)
     assert job["result"]["applied"] == []
     assert [r["reason"] for r in job["result"]["rejected"]] == ["the memory was edited meanwhile"]
-    assert [m["text"] for m in await proxy.memories()] == ["The user lives in Berlin."]
+    (kept,) = await proxy.memories()
+    assert kept == edited.json()
+
+
+async def test_two_jobs_of_one_user_deciding_together_store_a_memory_once(
+    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str]
+) -> None:
+    """Each job's model saw no such memory, so each says add; the second one written finds it
+    stored by the first."""
+    model, proxy = memory_model[0], proxies()
+    vegetarian = {"action": "add", "kind": "preference", "text": "The user is vegetarian."}
+    first, second = (
+        decisions(vegetarian),
+        decisions({**vegetarian, "text": "the user is vegetarian"}),
+    )
+    first.hold = second.hold = True
+    model.script = [first, second]
+    a = await proxy.chat("I'm vegetarian. Dinner ideas?")
+    await eventually(lambda: asyncio.sleep(0, result=len(model.chat_requests) == 1))
+    b = await proxy.chat("As a vegetarian, what should I cook tomorrow?")
+    await eventually(lambda: asyncio.sleep(0, result=len(model.chat_requests) == 2))
+    model.release.set()
+    jobs = [await proxy.job_of(a), await proxy.job_of(b)]
+    assert [m["text"] for m in await proxy.memories()] == ["The user is vegetarian."]
+    outcomes = sorted((len(j["result"]["applied"]), len(j["result"]["rejected"])) for j in jobs)
+    assert outcomes == [(0, 1), (1, 0)]
+    (refused,) = [r for j in jobs for r in j["result"]["rejected"]]
+    assert refused["reason"] == "already remembered"
+
+
+async def test_extraction_reads_the_turn_and_reply_not_a_whole_resent_history(
+    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str]
+) -> None:
+    """A client that resends its history to a conversation the proxy does not know stores
+    all of it with the exchange; the memory model is asked about the new turn alone."""
+    model, proxy = memory_model[0], proxies()
+    model.script = [decisions()]
+    history: list[dict[str, str]] = []
+    for n in range(50):
+        history.append({"role": "user", "content": f"old question {n}"})
+        history.append({"role": "assistant", "content": f"old answer {n}"})
+    history.append({"role": "user", "content": "I am vegetarian."})
+    raw = await proxy.sdk.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=history,  # type: ignore[arg-type]
+        extra_headers=ALICE,
+    )
+    await proxy.job_of(raw.headers["x-request-id"])
+    shown = model.chat_requests[0]["messages"][1]["content"]
+    exchange = shown.split("Exchange:\n", 1)[1]
+    assert exchange.splitlines() == [
+        "assistant: old answer 49",
+        "user: I am vegetarian.",
+        "assistant: fake reply to: I am vegetarian.",
+    ]
+
+
+async def test_the_memories_shown_are_chosen_by_the_turn_before_a_long_reply(
+    proxies: Callable[..., Proxy],
+    memory_model: tuple[FakeOpenAI, str],
+    fake_upstream: tuple[FakeOpenAI, str],
+) -> None:
+    model, proxy = memory_model[0], proxies()
+    lisbon = await proxy.http.post(
+        "/memory/memories", json={"user": "alice", "text": "The user lives in Lisbon."}
+    )
+    assert lisbon.status_code == 201
+    for n in range(25):  # newer, so that Lisbon is not among the newest 20 shown either
+        made = await proxy.http.post(
+            "/memory/memories", json={"user": "alice", "text": f"The user owns gadget {n}."}
+        )
+        assert made.status_code == 201
+    # A reply of more distinct words than the search takes (24), before the turn's.
+    long_reply = (
+        "Sourdough bread needs flour, water, salt and a lively starter; knead gently, rest "
+        "overnight in the fridge, shape carefully, score deeply, bake hot inside a covered "
+        "cast iron pot, then uncover until the crust turns deep golden brown and crackly."
+    )
+    fake_upstream[0].script = [model_said(long_reply)]
+    model.script = [decisions(), decisions()]
+    conversation = {**ALICE, "X-Memory-Conversation-Id": "bread-1"}
+    await proxy.job_of(await proxy.chat("How do I bake bread?", headers=conversation))
+    moved = await proxy.chat("I moved from Lisbon to Porto last week.", headers=conversation)
+    await proxy.job_of(moved)
+    shown = model.chat_requests[1]["messages"][1]["content"]
+    assert "user: I moved from Lisbon to Porto last week." in shown
+    assert "The user lives in Lisbon." in shown
 
 
 async def test_a_memory_model_that_reports_no_usage_is_charged_by_our_count(

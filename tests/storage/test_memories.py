@@ -47,6 +47,20 @@ async def test_relevant_memories_are_the_unpinned_ones_holding_a_term(db: Databa
     ] == ["mem_2", "mem_1"]
 
 
+async def test_a_repeat_is_found_by_its_folded_text_within_the_tenants_user(db: Database) -> None:
+    def create(conn: Connection) -> None:
+        memories = Memories(conn)
+        memories.create("t1", "alice", "mem_a", "Ähnlich: The user is VEGETARIAN.", now=T0)
+        memories.create("t1", "bob", "mem_b", "ähnlich: the user is vegetarian.", now=T0)
+        memories.create("t2", "alice", "mem_c", "ähnlich: the user is vegetarian.", now=T0)
+
+    await db.write(create)
+    spellings = ["ähnlich: the user is vegetarian", "ähnlich: the user is vegetarian."]
+    assert await db.read(lambda c: Memories(c).with_text("t1", "alice", spellings)) == ["mem_a"]
+    assert await db.read(lambda c: Memories(c).with_text("t1", "carol", spellings)) == []
+    assert await db.read(lambda c: Memories(c).with_text("t1", "alice", ["the user"])) == []
+
+
 async def test_case_is_folded_beyond_ascii(db: Database) -> None:
     """On SQLite too (its own lower() folds ASCII only): "études" finds "Études à Paris"."""
     await db.write(lambda c: Memories(c).create("t1", "alice", "mem_fr", "Études à Paris", now=T0))

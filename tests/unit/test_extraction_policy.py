@@ -16,6 +16,8 @@ from policies.extraction import (
     Known,
     extraction_request,
     parse_decisions,
+    spellings,
+    turn_of,
 )
 from policies.jobs import RetryPolicy
 from policies.memories import rank_memories, stem
@@ -181,6 +183,31 @@ def test_memories_sharing_rarer_words_rank_first() -> None:
     assert rank_memories([], memories) == []
     assert stem("hiking") == stem("hikes") == "hik"
     assert stem("is") == "is"
+
+
+@pytest.mark.parametrize(
+    ("roles", "expected"),
+    [
+        (["assistant", "user", "assistant"], (0, 1)),  # the message before, the turn, the reply
+        (["user", "assistant"], (0, 0)),  # the conversation's first turn
+        (["user", "assistant", "user", "assistant", "user", "assistant"], (3, 4)),  # resent
+        (["user", "assistant", "tool", "assistant"], (1, 2)),  # a tool's result is the turn
+        (["user"], (0, 0)),  # no reply (yet)
+        ([], (0, 0)),
+    ],
+)
+def test_the_turn_is_the_last_message_not_from_the_assistant(
+    roles: list[str], expected: tuple[int, int]
+) -> None:
+    assert turn_of(roles, before=1) == expected
+
+
+def test_a_repeat_is_looked_for_in_each_spelling_a_normalised_text_has() -> None:
+    assert spellings("The  user is\nVegetarian!") == [
+        "the user is vegetarian",
+        "the user is vegetarian.",
+        "the user is vegetarian!",
+    ]
 
 
 def test_retries_back_off_doubling_up_to_a_cap_then_give_up() -> None:
