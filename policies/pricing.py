@@ -157,6 +157,14 @@ def format_usd(amount: Decimal | None) -> str:
     return format(amount.quantize(USD_QUANTUM).normalize(), "f")
 
 
+def names_of(model: str) -> list[str]:
+    """The names a model's facts are found by: its own, then without its provider prefix
+    (`openai/gpt-4o-mini`), then its last part (`openrouter/openai/gpt-4o-mini`)."""
+    if "/" not in model:
+        return [model]
+    return list(dict.fromkeys([model, model.split("/", 1)[1], model.rsplit("/", 1)[1]]))
+
+
 class PriceBook:
     """Prices by model name: config overrides first, then the model map.
 
@@ -177,7 +185,9 @@ class PriceBook:
             return self._known[model]
         except KeyError:
             pass
-        found = self._overrides.get(model)
+        found = next(
+            (p for n in names_of(model) if (p := self._overrides.get(n)) is not None), None
+        )
         if found is None:
             entry = self._model_map(model)
             found = Price.from_model_map(entry) if entry else None

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from policies.pricing import names_of
+
 _MAP_FILE = "model_prices_and_context_window_backup.json"
 
 
@@ -33,12 +35,7 @@ class ModelCatalog:
 
     def info(self, model: str) -> dict[str, Any] | None:
         """Facts for `model`, also found without or with only its last provider prefix."""
-        found = self._models.get(model)
-        if found is None and "/" in model:
-            found = self._models.get(model.split("/", 1)[1]) or self._models.get(
-                model.rsplit("/", 1)[1]
-            )
-        return found
+        return next((f for n in names_of(model) if (f := self._models.get(n))), None)
 
     def context_window(self, model: str) -> int | None:
         info = self.info(model) or {}

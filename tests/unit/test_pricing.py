@@ -38,6 +38,20 @@ def test_override_wins_over_the_map() -> None:
     assert book.cost("gpt-4o-mini", Usage(12, 34)) == Decimal("0.000057")
 
 
+def test_an_override_is_found_with_a_provider_prefix_too() -> None:
+    book = PriceBook(
+        {"gpt-4o-mini": OVERRIDE, "my-local-model": OVERRIDE}, ModelCatalog.load().info
+    )
+    for model in ("openai/gpt-4o-mini", "openrouter/openai/gpt-4o-mini"):  # not the map's
+        assert book.cost(model, Usage(12, 34)) == Decimal("0.000057"), model
+    assert book.price("hosted_vllm/my-local-model") == OVERRIDE  # a model the map lacks
+    # A name's own override comes first.
+    exact = PriceBook(
+        {"openai/gpt-4o-mini": Price.per_million(1, 1, None), "gpt-4o-mini": OVERRIDE}, no_map
+    )
+    assert exact.cost("openai/gpt-4o-mini", Usage(1_000_000, 0)) == 1
+
+
 def test_unknown_model_is_unpriced_never_zero() -> None:
     book = PriceBook({}, ModelCatalog.load().info)
     assert book.price("my-own-finetune-xyz") is None
