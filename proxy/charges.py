@@ -31,10 +31,12 @@ class MemoryCharges:
         self, tenant_id: str, request_id: str, *, kind: str, model: str, usage: Usage
     ) -> Decimal | None:
         """Charge one call of `model` (`kind`: intent, extraction, summary...) to the exchange;
-        its cost, or None when the model has no price (then it is listed, not added up)."""
+        its cost, or None when the model has no price (then it is listed, not added up). The
+        call was made: it counts against the budgets and in the metrics first, whether or not
+        its part of the record can be written (a StorageError is raised after)."""
         part, usd = self.priced(kind, model, usage)
-        await self.record(tenant_id, request_id, part)
         self.count(tenant_id, model, usage, usd)
+        await self.record(tenant_id, request_id, part)
         return usd
 
     def priced(self, kind: str, model: str, usage: Usage) -> tuple[dict[str, Any], Decimal | None]:

@@ -3,11 +3,14 @@ record, the tenant's budget counters and the metrics, on SQLite and PostgreSQL."
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text as sql
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.pricing import Price, PriceBook, Usage
 from proxy.charges import MemoryCharges
@@ -18,6 +21,7 @@ from proxy.metrics import Metrics
 from storage.database import Database
 from storage.records import NewExchange
 from storage.repositories.exchanges import Exchanges
+from tests.polling import eventually
 
 # $1 per million input tokens, $2 per million output tokens.
 PRICES = {"helper-model": Price.per_million(1.0, 2.0, None)}
@@ -64,6 +68,39 @@ async def test_a_charge_lands_in_the_record_the_budget_and_the_metrics(
         if s.name == "memproxy_cost_usd_total"
     }
     assert costs == {"memory": 0.002}
+
+
+async def test_a_call_counts_against_the_budget_before_its_record_is_written(
+    db: Database, charges: MemoryCharges
+) -> None:
+    """The call was paid for: if writing its part of the record failed, the budget and the
+    metrics must have it still. Here the write waits behind another connection's, holding
+    the row (on SQLite, the file)."""
+    other = create_async_engine(db.url)
+    try:
+        async with other.begin() as holding:
+            await holding.execute(
+                sql("UPDATE exchanges SET model = model WHERE request_id = 'req_1'")
+            )
+            charging = asyncio.create_task(
+                charges.charge(
+                    "t1", "req_1", kind="extraction", model="helper-model", usage=Usage(1000, 500)
+                )
+            )
+            (budget,) = await eventually(
+                lambda: asyncio.sleep(
+                    0, result=[u for u in charges.limits.view("t1").usage if u.used]
+                ),
+                "the charge counted",
+                attempts=100,
+            )
+            assert budget.used == 0.002
+            assert not charging.done()
+    finally:
+        await other.dispose()
+    assert await charging == Decimal("0.002")
+    record = await db.read(lambda conn: Exchanges(conn).get("t1", "req_1"))
+    assert record is not None and record.cost_memory_usd == 0.002
 
 
 async def test_an_unpriced_call_is_listed_but_adds_no_cost(
