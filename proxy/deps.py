@@ -10,6 +10,7 @@ from litestar.di import NamedDependency
 from proxy.access import request_info
 from proxy.auth import Principal
 from proxy.config import Scope
+from proxy.requests import refuse_unknown
 from proxy.state import AppState
 
 
@@ -33,5 +34,8 @@ async def provide_principal(
     principal = services.keys.authenticate(request.headers.get("authorization"), scope)
     info.tenant = principal.tenant_id
     if scope == "manage":
+        if request.scope.get("query_string"):
+            known = request.route_handler.opt.get("query", ())
+            refuse_unknown(request.query_params, known, "query parameter")
         await services.memory.settle(principal.tenant_id)
     return principal

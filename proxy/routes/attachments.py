@@ -30,7 +30,7 @@ from proxy.errors import BadRequest, NotFound, PayloadTooLarge, UnsupportedMedia
 from proxy.memory import now
 from proxy.requests import parse_json_object, refuse_unknown
 from proxy.responses import json_response
-from proxy.routes.memory import MANAGE, limit_param, page
+from proxy.routes.memory import MANAGE, limit_param, manage, page
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord
 from storage.repositories.attachments import Attachments, new_attachment_id
@@ -261,7 +261,7 @@ async def upload_attachment(
     return json_response(shown, status=201)
 
 
-@get(PATH, opt=MANAGE, summary="List a conversation's documents, oldest first")
+@get(PATH, opt=manage("limit", "after"), summary="List a conversation's documents, oldest first")
 async def list_attachments(
     request: Request[Any, Any, Any],
     conversation_id: FromPath[str],

@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from proxy.auth import Principal
 from proxy.errors import BadRequest, NotFound
 from proxy.responses import json_response
-from proxy.routes.memory import MANAGE, limit_param, page, user_param
+from proxy.routes.memory import MANAGE, limit_param, manage, page, user_param
 from proxy.state import AppState
 from storage.records import JobRecord
 from storage.repositories.jobs import STATUSES, Jobs
@@ -45,7 +45,11 @@ def _pk(job_id: str) -> int | None:
     return None if match is None else int(match.group(1))
 
 
-@get("/v1/memory/jobs", opt=MANAGE, summary="List background jobs")
+@get(
+    "/v1/memory/jobs",
+    opt=manage("status", "user", "kind", "subject", "after", "limit"),
+    summary="List background jobs",
+)
 async def list_jobs(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],

@@ -18,7 +18,7 @@ from proxy.errors import BadRequest, NotFound
 from proxy.memory import now
 from proxy.requests import parse_json_object
 from proxy.responses import json_response
-from proxy.routes.memory import MANAGE, limit_param, page, user_param
+from proxy.routes.memory import MANAGE, limit_param, manage, page, user_param
 from proxy.state import AppState
 from storage.records import MemoryRecord
 from storage.repositories.erasures import Erasures
@@ -85,7 +85,11 @@ def _fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
     return fields
 
 
-@get("/v1/memory/memories", opt=MANAGE, summary="List or search a user's memories")
+@get(
+    "/v1/memory/memories",
+    opt=manage("user", "limit", "pinned", "q", "after"),
+    summary="List or search a user's memories",
+)
 async def list_memories(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],
@@ -149,7 +153,7 @@ def _owner(request: Request[Any, Any, Any]) -> str | None:
     return None if user is None else user_param(user)
 
 
-@get("/v1/memory/memories/{memory_id:str}", opt=MANAGE, summary="Get a memory")
+@get("/v1/memory/memories/{memory_id:str}", opt=manage("user"), summary="Get a memory")
 async def get_memory(
     memory_id: FromPath[str],
     request: Request[Any, Any, Any],
@@ -165,7 +169,11 @@ async def get_memory(
     return json_response(memory_object(found))
 
 
-@patch("/v1/memory/memories/{memory_id:str}", opt=MANAGE, summary="Correct, pin or unpin a memory")
+@patch(
+    "/v1/memory/memories/{memory_id:str}",
+    opt=manage("user"),
+    summary="Correct, pin or unpin a memory",
+)
 async def update_memory(
     memory_id: FromPath[str],
     request: Request[Any, Any, Any],
@@ -188,7 +196,7 @@ async def update_memory(
 
 @delete(
     "/v1/memory/memories/{memory_id:str}",
-    opt=MANAGE,
+    opt=manage("user"),
     summary="Delete a memory",
     status_code=200,
 )

@@ -38,7 +38,15 @@ from storage.repositories.vectors import MessageVectors
 
 log = structlog.get_logger("memproxy.memory")
 
-MANAGE = {"scope": "manage"}
+MANAGE: dict[str, Any] = {"scope": "manage"}  # a management route taking no query parameters
+
+
+def manage(*query: str) -> dict[str, Any]:
+    """A management route's `opt`, naming the query parameters it reads: any other is a 400
+    (a filter misspelt, or one the route does not have, is not left out unnoticed)."""
+    return {**MANAGE, "query": query}
+
+
 MAX_PAGE = 100
 
 
@@ -132,7 +140,11 @@ def _queue_embedding(
         )
 
 
-@get("/v1/memory/conversations", opt=MANAGE, summary="List a user's conversations, newest first")
+@get(
+    "/v1/memory/conversations",
+    opt=manage("user", "limit", "after"),
+    summary="List a user's conversations, newest first",
+)
 async def list_conversations(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],
@@ -281,7 +293,7 @@ async def delete_conversation(
 
 @get(
     "/v1/memory/conversations/{conversation_id:str}/messages",
-    opt=MANAGE,
+    opt=manage("limit", "after"),
     summary="List messages in order",
 )
 async def list_messages(

@@ -22,7 +22,7 @@ from proxy.errors import BadRequest, NotFound
 from proxy.memory import now
 from proxy.requests import parse_timestamp
 from proxy.responses import json_response
-from proxy.routes.memory import MANAGE, user_param
+from proxy.routes.memory import MANAGE, manage, user_param
 from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals
 from storage.repositories.exchanges import Exchanges, GroupBy
@@ -30,7 +30,9 @@ from storage.repositories.exchanges import Exchanges, GroupBy
 # Costs are kept to 1e-10 USD (policies/pricing.py); sums of floats are rounded back to it.
 USD_DIGITS = 10
 DEFAULT_PERIOD = timedelta(days=30)
-_SECONDS = re.compile(r"[0-9]{1,12}")  # unix seconds (ASCII digits: "²".isdigit() is true)
+# Unix seconds (ASCII digits: "²".isdigit() is true); eight digits are an ISO 8601 basic date
+# (20261101), as fromisoformat reads them, not a day in 1970-1973.
+_SECONDS = re.compile(r"(?![0-9]{8}$)[0-9]{1,12}")
 REQUEST_ID_MAX = 64
 
 
@@ -145,7 +147,11 @@ def _period(request: Request[Any, Any, Any]) -> tuple[datetime, datetime]:
     return start, end
 
 
-@get("/v1/memory/usage", opt=MANAGE, summary="Spend and tokens by model, user, day or intent")
+@get(
+    "/v1/memory/usage",
+    opt=manage("from", "to", "group_by", "user"),
+    summary="Spend and tokens by model, user, day or intent",
+)
 async def get_usage(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],

@@ -143,6 +143,15 @@ BAD_QUERIES = [
     "/v1/memory/usage?group_by=colour",
     "/v1/memory/usage?from=yesterday",
     "/v1/memory/usage?from=2020-01-01&to=nonsense",
+    # A parameter the route does not have (misspelt, or a filter it lacks) is not ignored.
+    "/v1/memory/usage?model=gpt-4o",
+    "/v1/memory/conversations?usr=alice",
+    "/v1/memory/conversations/c1/messages?limt=5",
+    "/v1/memory/conversations/c1/attachments?limit=5&befor=x",
+    "/v1/memory/memories?user=alice&query=tea",
+    "/v1/memory/jobs?state=dead",
+    "/v1/memory/limits?tenant=t2",
+    "/v1/memory/users/alice/export?format=csv",
 ]
 BAD_HEADERS = [
     {"X-Memory-Conversation-Id": "'; DROP TABLE messages;--"},

@@ -416,6 +416,7 @@ async def test_usage_report_and_exchanges_are_tenant_scoped(
         ({"to": "\u0661\u0662"}, "to"),
         ({"to": "0001-01-15"}, "to"),  # the default 30 days before it are before year 1
         ({"user": ""}, "user"),
+        ({"model": "gpt-4o-mini"}, "model"),  # a filter it does not have is not ignored
     ],
 )
 async def test_usage_report_rejects_bad_queries(
@@ -424,6 +425,16 @@ async def test_usage_report_rejects_bad_queries(
     response = await manage.get("/memory/usage", params=params)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+async def test_usage_report_reads_an_iso_basic_date_as_a_date(manage: httpx.AsyncClient) -> None:
+    report = await manage.get("/memory/usage", params={"from": "20261101", "to": "1795000000"})
+    assert report.status_code == 200, report.text
+    # Eight digits are ISO 8601's basic date, not unix seconds in 1970; more are seconds.
+    assert (report.json()["from"], report.json()["to"]) == (
+        "2026-11-01T00:00:00+00:00",
+        "2026-11-18T11:06:40+00:00",
+    )
 
 
 async def test_unknown_exchange_is_404(manage: httpx.AsyncClient) -> None:
