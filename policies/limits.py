@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
 
+from policies.pricing import USD_DIGITS
+
 LimitName = Literal["rpm", "tpm", "budget_usd_day", "budget_usd_month"]
 WindowKind = Literal["minute", "day", "month"]
 
@@ -142,10 +144,12 @@ def decide(
 
 
 def used_of(name: LimitName, usage: WindowUsage) -> float:
-    """The amount a limit is compared with: requests, tokens or USD."""
+    """The amount a limit is compared with: requests, tokens or USD. Costs are exact to
+    1e-10 USD, their sums floats: rounded back, ten calls of $0.10 spend $1.00, not
+    $0.9999999999999999 (which a $1.00 budget would still admit)."""
     if name == "rpm":
         return usage.requests
-    return usage.tokens if name == "tpm" else usage.cost_usd
+    return usage.tokens if name == "tpm" else round(usage.cost_usd, USD_DIGITS)
 
 
 def retry_after(window_ends: float, now: float) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 MILLION = Decimal(1_000_000)
 # The precision costs are kept to, in USD: a ten-thousandth of a millionth of a dollar.
 USD_QUANTUM = Decimal("1e-10")
+USD_DIGITS = 10  # the same, for sums of costs as floats: rounded back to it
 ZERO = Decimal(0)
 
 

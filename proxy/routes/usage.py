@@ -17,6 +17,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
+from policies.pricing import USD_DIGITS
 from proxy.auth import Principal
 from proxy.errors import BadRequest, NotFound
 from proxy.memory import now
@@ -27,8 +28,6 @@ from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals
 from storage.repositories.exchanges import Exchanges, GroupBy
 
-# Costs are kept to 1e-10 USD (policies/pricing.py); sums of floats are rounded back to it.
-USD_DIGITS = 10
 DEFAULT_PERIOD = timedelta(days=30)
 # Unix seconds (ASCII digits: "²".isdigit() is true); eight digits are an ISO 8601 basic date
 # (20261101), as fromisoformat reads them, not a day in 1970-1973.

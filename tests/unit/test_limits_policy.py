@@ -151,6 +151,14 @@ def test_daily_budget_is_insufficient_quota_until_utc_midnight() -> None:
     )
 
 
+def test_a_budget_spent_exactly_in_many_calls_is_reached() -> None:
+    spent = WindowUsage()
+    for _ in range(10):  # ten calls of $0.10: their float sum is 0.9999999999999999
+        spent = spent + WindowUsage(requests=1, cost_usd=0.1)
+    denial = decide(L(budget_usd_day=1.0), usage(day=spent), WINDOWS, NOW)
+    assert denial is not None and denial.used == 1.0
+
+
 def test_monthly_budget_waits_for_the_first_of_next_month() -> None:
     denial = decide(
         L(budget_usd_month=100.0), usage(month=WindowUsage(cost_usd=100.5)), WINDOWS, NOW
