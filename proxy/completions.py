@@ -155,8 +155,10 @@ class ChatStreamObserver:
     def _observe(self, raw: bytes) -> bool:
         """Fold one event into the reply; True if it is the usage-only chunk."""
         payload = event_data(raw)
-        if payload is None or self.broken is not None:
+        if payload is None:
             return False
+        if self.broken is not None:  # still the usage (and an error, and the end)
+            return self.reply.add(payload, fold=False)
         # Chunks we cannot make sense of still reach the client; we stop reassembling.
         try:
             return self.reply.add(payload)

@@ -72,9 +72,11 @@ class ReplyAssembler:
         self.done = False
         self.chunks = 0
 
-    def add(self, payload: bytes) -> bool:
+    def add(self, payload: bytes, *, fold: bool = True) -> bool:
         """Fold one event in; True if it is the usage-only chunk (usage, no choices) that
-        `stream_options.include_usage` asks for."""
+        `stream_options.include_usage` asks for. `fold=False`: only the end, an error and
+        the usage are read (after a chunk not understood, the message is no longer
+        reassembled)."""
         if payload == b"[DONE]":
             self.done = True
             return False
@@ -92,6 +94,8 @@ class ReplyAssembler:
             self.usage = event["usage"]
             if not event.get("choices"):  # [], null or absent: nothing but the usage
                 return True
+        if not fold:
+            return False
         for choice in event.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue

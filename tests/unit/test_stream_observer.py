@@ -111,3 +111,19 @@ def test_a_chunk_that_breaks_reassembly_still_reaches_the_client() -> None:
     observer, out = observe([bad + stream()], drop=True)
     assert observer.broken
     assert out.startswith(bad)
+
+
+def test_after_a_chunk_not_understood_the_usage_is_still_read_and_left_out() -> None:
+    parts = [
+        chunk([{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]),
+        chunk([{"index": 0, "delta": "??"}]),  # not understood: reassembly stops here
+        chunk([{"index": 0, "delta": {"content": " there"}, "finish_reason": "stop"}]),
+        chunk([], usage=USAGE),
+    ]
+    body = b"".join(event(p) for p in parts) + event("[DONE]")
+    observer, out = observe([body], drop=True)
+    assert observer.broken and observer.reply.message()["content"] == "hi"
+    # Billed by what the upstream reported, not our count of the text before the break; and
+    # the usage chunk the client did not ask for is still left out.
+    assert observer.reply.usage == USAGE and observer.reply.done
+    assert b'"usage"' not in out and out.endswith(event("[DONE]"))
