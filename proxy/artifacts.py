@@ -72,7 +72,7 @@ class Attached:
     summaries: dict[str, str] = field(default_factory=dict)  # artifact key -> hit|miss|failed
     summary_texts: dict[str, str] = field(default_factory=dict)  # artifact key -> the summary
     calls: list[tuple[str, str, Usage]] = field(default_factory=list)  # (kind, model, usage)
-    cost: Decimal | None = ZERO  # of `calls` (None: a model without a price)
+    cost: Decimal = ZERO  # of `calls` with a price (one without adds nothing: see Bill)
     # The database failed them (or was too slow): the request's documents were not stored, or
     # what it holds of the rest was not read.
     storage_failed: bool = False
@@ -364,9 +364,6 @@ class Artifacts:
         got.planner = "llm"
         return plan
 
-    def _cost(self, calls: Sequence[tuple[str, str, Usage]]) -> Decimal | None:
-        total: Decimal | None = ZERO
-        for _, model, usage in calls:
-            cost = self.pricer.prices.cost(model, usage)
-            total = None if cost is None or total is None else total + cost
-        return total
+    def _cost(self, calls: Sequence[tuple[str, str, Usage]]) -> Decimal:
+        costs = (self.pricer.prices.cost(model, usage) for _, model, usage in calls)
+        return sum((c for c in costs if c is not None), ZERO)

@@ -419,9 +419,7 @@ class ChatExchange:
             response = to_response(self.request, reply, headers=headers)
         intent, intent_usd = self._intent_now()
         artifacts_usd = self.attached_artifacts.cost
-        bill.memory_usd = (
-            None if intent_usd is None or artifacts_usd is None else intent_usd + artifacts_usd
-        )
+        bill.memory_usd = intent_usd + artifacts_usd
         response.headers.update(bill.headers())
         if intent is not None:
             response.headers["x-memory-intent"] = intent.header()
@@ -842,9 +840,9 @@ class ChatExchange:
         if not self._policy_allows_memory():  # (in mode off, for the record only)
             self.attached["intent_policy"] = self.attached_by_policy
 
-    def _intent_now(self) -> tuple[Intent | None, Decimal | None]:
+    def _intent_now(self) -> tuple[Intent | None, Decimal]:
         """The intent for the headers (the LLM's if it has answered) and what the LLM call
-        cost so far (None: its model has no price)."""
+        cost so far (nothing when its model has no price: see Bill)."""
         task = self.llm_intent
         if task is None or not task.done() or task.cancelled():
             return self.intent, ZERO
@@ -852,7 +850,7 @@ class ChatExchange:
         if result.usage is None:
             return result.intent or self.intent, ZERO
         cost = self.services.pricer.prices.cost(result.model, result.usage)
-        return result.intent or self.intent, cost
+        return result.intent or self.intent, ZERO if cost is None else cost
 
     def _ask_for_usage(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Ask the upstream for the usage chunk; True if the client did not ask for it."""

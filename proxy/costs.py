@@ -30,18 +30,20 @@ class Bill:
     """Usage and cost of one exchange. `upstream_usd` is None when the model has no price;
     `final` is False while a stream is still running (the prompt side only). `memory_usd` is
     what the proxy's own model calls cost before the headers went out: for the headers only,
-    since each such call is recorded as it happens (proxy/charges.py)."""
+    since each such call is recorded as it happens (proxy/charges.py). As in the record and
+    the usage report, a call of a model without a price adds nothing to it (the record lists
+    it in `cost.parts` with `cost_usd` null)."""
 
     usage: Usage
     upstream_usd: Decimal | None
-    memory_usd: Decimal | None = ZERO  # None: one of the proxy's calls has no price
+    memory_usd: Decimal = ZERO
     final: bool = True
     # The upstream's own usage object, kept in the record as it came (details included).
     reported: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def total_usd(self) -> Decimal | None:
-        if self.upstream_usd is None or self.memory_usd is None:
+        if self.upstream_usd is None:
             return None
         return self.upstream_usd + self.memory_usd
 

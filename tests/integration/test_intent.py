@@ -284,6 +284,36 @@ async def test_llm_intent_is_in_the_header_and_its_cost_in_the_memory_cost(
     )
 
 
+async def test_an_unpriced_classifier_adds_nothing_and_the_headers_agree_with_the_record(
+    fake_upstream: tuple[FakeOpenAI, str],
+    classifier: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    judge: FakeOpenAI,
+) -> None:
+    """A self-hosted classifier with no price: its call is listed, adds nothing, and the
+    exchange's cost is the priced upstream call's, in the headers as in the record."""
+    settings = config(fake_upstream[1], classifier[1], mode="llm", timeout_ms=5000)
+    priced = {"priced-model": PriceConfig(input_per_mtok=1, output_per_mtok=2)}
+    sdk, http = clients(serve_proxy(settings.model_copy(update={"pricing": priced})))
+    try:
+        judge.script.append(verdict("question", 0.9))
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="priced-model", messages=ask("what is the capital of France?")
+        )
+        assert raw.headers["x-memory-intent"] == "question;0.90;llm"
+        record = await exchange(http, raw.headers["x-request-id"])
+    finally:
+        await sdk.close()
+        await http.aclose()
+    (part,) = record["cost"]["parts"]
+    assert (part["kind"], part["cost_usd"]) == ("intent", None)
+    upstream = record["cost"]["upstream_usd"]
+    assert upstream and record["cost"]["usd"] == upstream and record["cost"]["memory_usd"] == 0
+    assert raw.headers["x-cost-memory-usd"] == "0"
+    assert raw.headers["x-cost-usd"] == raw.headers["x-cost-upstream-usd"]
+    assert float(raw.headers["x-cost-usd"]) == upstream
+
+
 async def test_a_bad_llm_answer_falls_back_to_keywords_and_is_counted(
     sessions: Callable[..., tuple[openai.AsyncOpenAI, httpx.AsyncClient]], judge: FakeOpenAI
 ) -> None:
