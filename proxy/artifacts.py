@@ -17,7 +17,6 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -35,7 +34,7 @@ from policies.artifacts import (
     plan_by_rule,
 )
 from policies.chunks import counted_chunks
-from policies.pricing import ZERO, Usage
+from policies.pricing import Usage
 from policies.recall import query_terms
 from proxy.artifact_sources import (
     NO_SOURCES,
@@ -72,7 +71,6 @@ class Attached:
     summaries: dict[str, str] = field(default_factory=dict)  # artifact key -> hit|miss|failed
     summary_texts: dict[str, str] = field(default_factory=dict)  # artifact key -> the summary
     calls: list[tuple[str, str, Usage]] = field(default_factory=list)  # (kind, model, usage)
-    cost: Decimal = ZERO  # of `calls` with a price (one without adds nothing: see Bill)
     # The database failed them (or was too slow): the request's documents were not stored, or
     # what it holds of the rest was not read.
     storage_failed: bool = False
@@ -319,7 +317,6 @@ class Artifacts:
         for item in attached.items:
             strategy = item.strategy if attached.included(item) else "exclude"
             self.metrics.artifacts.labels(tenant_id, strategy, planner).inc()
-        attached.cost = self._cost(attached.calls)
         return attached
 
     async def _call(
@@ -363,7 +360,3 @@ class Artifacts:
             return None
         got.planner = "llm"
         return plan
-
-    def _cost(self, calls: Sequence[tuple[str, str, Usage]]) -> Decimal:
-        costs = (self.pricer.prices.cost(model, usage) for _, model, usage in calls)
-        return sum((c for c in costs if c is not None), ZERO)

@@ -418,8 +418,9 @@ class ChatExchange:
                 await self.settle(outcome)
             response = to_response(self.request, reply, headers=headers)
         intent, intent_usd = self._intent_now()
-        artifacts_usd = self.attached_artifacts.cost
-        bill.memory_usd = intent_usd + artifacts_usd
+        prices = self.services.pricer.prices
+        own = (prices.cost(model, usage) for _, model, usage in self._own_calls())
+        bill.memory_usd = intent_usd + sum((c for c in own if c is not None), ZERO)
         response.headers.update(bill.headers())
         if intent is not None:
             response.headers["x-memory-intent"] = intent.header()
@@ -925,18 +926,31 @@ class ChatExchange:
             if self.turn is not None:
                 # Management calls (the exchange record, usage reports) wait for it.
                 self.services.memory.track(self.turn, task, metadata=True)
-        if self.attached_artifacts.calls:
-            task = self.services.spawn(self._charge_artifacts())
+        if self.attached_artifacts.calls or self.question_vector is not None:
+            task = self.services.spawn(self._charge_own_calls())
             if self.turn is not None:
                 self.services.memory.track(self.turn, task, metadata=True)
 
-    async def _charge_artifacts(self) -> None:
-        """The planner's and summariser's calls, charged to the exchange once it is recorded
-        (their cost is in the response's `x-cost-memory-usd` already)."""
+    def _own_calls(self) -> list[tuple[str, str, Usage]]:
+        """The proxy's own paid calls for this request so far, but the LLM intent's (kind,
+        model, usage): the planner's and summariser's, and the question's embedding."""
+        calls = list(self.attached_artifacts.calls)
+        task = self.question_vector
+        if task is not None and task.done() and not task.cancelled():
+            vector = task.result()
+            if vector is not None and vector.usage is not None:
+                calls.append(("embedding", vector.model, vector.usage))
+        return calls
+
+    async def _charge_own_calls(self) -> None:
+        """`_own_calls`, charged to the exchange once it is recorded (those made before the
+        headers went out are in the response's `x-cost-memory-usd` already)."""
         turn = self.turn
         if turn is not None and turn.pending is not None:
             await self.services.deferred.settle()  # its record is written in a batch
-        for kind, model, usage in self.attached_artifacts.calls:
+        if self.question_vector is not None:
+            await asyncio.wait([self.question_vector])  # (bounded by its own timeout)
+        for kind, model, usage in self._own_calls():
             await self._charge(kind, model, usage)
 
     async def _record_llm_intent(self, task: asyncio.Task[LLMIntent]) -> None:

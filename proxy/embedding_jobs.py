@@ -5,7 +5,9 @@ transaction that stores the reply: proxy/memory.py), and for messages imported o
 through the management API (`queue_range`), so imported histories are recalled by meaning too.
 A job embeds the messages still without a vector of the tenant's model, up to `CHUNK` per
 attempt, and queues a job for the rest; the vectors are written in the transaction that ends
-the job, and only for messages that are still there.
+the job, and only for messages that are still there. An upstream's embedding call is charged
+as it is made (`embedding` in the cost parts of the job's exchange, the tenant's budgets, the
+metrics).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import structlog
 from sqlalchemy import Connection
 
 from policies.vectors import EMBED_JOB_KIND, BadVector, encode
+from proxy.charges import MemoryCharges
 from proxy.embeddings import EmbeddingError, Embeddings
 from proxy.jobs import Apply, JobFailed
 from proxy.metrics import Metrics
 from storage.database import Database
+from storage.errors import StorageError
 from storage.records import JobRecord
 from storage.repositories.jobs import Jobs
 from storage.repositories.vectors import MessageVectors, NewVector, Unembedded
@@ -63,8 +67,10 @@ def queue_range(
 class MessageEmbedder:
     """The handler of `embed_messages` jobs, for every tenant."""
 
-    def __init__(self, embeddings: Embeddings, db: Database, metrics: Metrics) -> None:
-        self.embeddings, self.db, self.metrics = embeddings, db, metrics
+    def __init__(
+        self, embeddings: Embeddings, db: Database, metrics: Metrics, charges: MemoryCharges
+    ) -> None:
+        self.embeddings, self.db, self.metrics, self.charges = embeddings, db, metrics, charges
 
     def _pending(self, conn: Connection, job: JobRecord, model: str) -> list[Unembedded]:
         vectors = MessageVectors(conn)
@@ -93,11 +99,22 @@ class MessageEmbedder:
             # Embedded already, or erased / deleted since.
             return lambda conn: {"model": model, "embedded": 0}
         try:
-            vectors = await embedder.embed([m.text for m in pending])
+            embedded = await embedder.embed([m.text for m in pending])
+        except EmbeddingError as exc:
+            raise JobFailed(str(exc)) from exc
+        if embedded.usage is not None:  # paid for, whatever becomes of the vectors
+            try:
+                await self.charges.charge(
+                    job.tenant_id, job.ref, kind="embedding", model=model, usage=embedded.usage
+                )
+            except StorageError as exc:
+                log.error("embedding_cost_not_recorded", job=job.pk, error=str(exc))
+        try:
             rows = [
-                NewVector(m.pk, encode(v), len(v)) for m, v in zip(pending, vectors, strict=True)
+                NewVector(m.pk, encode(v), len(v))
+                for m, v in zip(pending, embedded.vectors, strict=True)
             ]
-        except (EmbeddingError, BadVector, ValueError) as exc:
+        except (BadVector, ValueError) as exc:
             raise JobFailed(str(exc)) from exc
 
         def apply(conn: Connection) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
+from policies.pricing import Usage
+from policies.tokens import count_text
 from policies.vectors import normalised
 from proxy.config import Config, ConfigError, MemorySettings
 from proxy.metrics import Metrics
@@ -49,13 +51,20 @@ class EmbeddingError(Exception):
     failed); recall goes on without them."""
 
 
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """One vector per text, in order, and what the call used (None: nothing paid for, as
+    the local model's)."""
+
+    vectors: list[list[float]]
+    usage: Usage | None = None
+
+
 class Embedder(Protocol):
     # Stored beside each vector: vectors of different models are never compared.
     model: str
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One vector per text, in order."""
-        ...
+    async def embed(self, texts: Sequence[str]) -> Embedded: ...
 
 
 class EmbeddingsUpstream(Protocol):
@@ -64,6 +73,18 @@ class EmbeddingsUpstream(Protocol):
     name: str
 
     async def embeddings(self, body: dict[str, Any]) -> UpstreamReply: ...
+
+
+def _tokens_used(reply: UpstreamReply, texts: Sequence[str]) -> tuple[int, bool]:
+    """The input tokens an embeddings call reports, or our count of `texts` (estimated)."""
+    try:
+        usage = msgspec.json.decode(reply.body or b"").get("usage") or {}
+        tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
+    except (RecursionError, ValueError, AttributeError):
+        tokens = None
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        return tokens, False
+    return sum(count_text(t) for t in texts), True
 
 
 def _parse_embeddings(reply: UpstreamReply, count: int, upstream: str) -> list[list[float]]:
@@ -88,8 +109,11 @@ class UpstreamEmbedder:
     def __init__(self, upstream: EmbeddingsUpstream, model: str) -> None:
         self.upstream, self.model = upstream, model
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Embedded:
+        """The vectors, and the calls' input tokens as the upstream reports them (or counted):
+        what the tenant's key is billed for, charged by the caller."""
         out: list[list[float]] = []
+        tokens, estimated = 0, False
         for start in range(0, len(texts), UPSTREAM_BATCH):
             batch = [t[:EMBED_CHARS] for t in texts[start : start + UPSTREAM_BATCH]]
             body = {"model": self.model, "input": batch, "encoding_format": "float"}
@@ -102,7 +126,9 @@ class UpstreamEmbedder:
                     f"upstream {self.upstream.name!r} could not be reached for embeddings ({exc!r})"
                 ) from exc
             out.extend(_parse_embeddings(reply, len(batch), self.upstream.name))
-        return out
+            used, counted = _tokens_used(reply, batch)
+            tokens, estimated = tokens + used, estimated or counted
+        return Embedded(out, Usage(tokens, 0, estimated=estimated))
 
 
 class LocalEmbedder:
@@ -145,10 +171,10 @@ class LocalEmbedder:
     async def warm_up(self) -> None:
         await asyncio.to_thread(self._loaded)
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str]) -> Embedded:
         batch = [t[:EMBED_CHARS] for t in texts]
         try:
-            return await asyncio.to_thread(self._encode, batch)
+            return Embedded(await asyncio.to_thread(self._encode, batch))
         except Exception as exc:
             raise EmbeddingError(f"the local embedding model failed ({exc!r})") from exc
 
@@ -244,8 +270,9 @@ class Embeddings:
         timeout = self.settings[tenant_id].embedding_timeout_ms / 1000
         try:
             async with asyncio.timeout(timeout):
-                (vector,) = await embedder.embed([text])
-            found = Vector(embedder.model, normalised(vector))
+                embedded = await embedder.embed([text])
+            (vector,) = embedded.vectors
+            found = Vector(embedder.model, normalised(vector), embedded.usage)
         except TimeoutError:
             outcome, found = "timeout", None
             log.warning("query_embedding_timeout", request_id=request_id, tenant=tenant_id)
@@ -266,3 +293,4 @@ class Vector:
 
     model: str
     values: list[float]
+    usage: Usage | None = None  # what embedding it used (None: nothing paid for)

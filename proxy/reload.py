@@ -113,7 +113,7 @@ async def configure(
         extractor=MemoryExtractor(config, upstreams, db, charges, metrics),
         embeddings=embeddings,
         summarizer=HistorySummarizer(config, upstreams, db, charges, metrics),
-        embedder=MessageEmbedder(embeddings, db, metrics),
+        embedder=MessageEmbedder(embeddings, db, metrics, charges),
         vectors=vectors,
     )
 

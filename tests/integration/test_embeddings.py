@@ -241,3 +241,32 @@ async def test_an_import_longer_than_a_chunk_is_embedded_in_steps(
         assert [j["result"]["embedded"] for j in done] == [3, CHUNK]
         assert done[1]["result"]["continued_from"] == CHUNK + 1
         assert "continued_from" not in done[0]["result"]
+
+
+async def test_the_proxys_embedding_calls_are_charged_to_their_exchanges(
+    seeded: httpx.AsyncClient,
+) -> None:
+    """Each is a paid call on the tenant's key: the question's (before the response: in its
+    memory cost) and a stored chat's job's, as text-embedding-3-small at $0.02 per million
+    tokens (the fake reports 2 tokens a call)."""
+    question = await ask(seeded, QUESTION)  # mode read: nothing stored, nothing to embed
+    assert question.headers["x-cost-memory-usd"] == "0.00000004"
+    stored = await seeded.post(
+        "/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Walks at dawn"}]},
+        headers={"X-Memory-User-Id": "alice"},
+    )
+    assert stored.status_code == 200
+    await jobs_done(seeded, 2)  # the import's, and this chat's
+
+    async def parts(response: httpx.Response) -> list[tuple[Any, ...]]:
+        request_id = response.headers["x-request-id"]
+        record = (await seeded.get(f"/memory/exchanges/{request_id}")).json()
+        return [
+            (p["kind"], p["model"], p["prompt_tokens"], p["cost_usd"])
+            for p in record["cost"]["parts"]
+        ]
+
+    embedding = ("embedding", "text-embedding-3-small", 2, 4e-08)
+    assert await parts(question) == [embedding]
+    assert await parts(stored) == [embedding, embedding]  # its question's, then its job's
