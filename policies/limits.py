@@ -79,6 +79,12 @@ class Windows:
             return self.minute_ends
         return self.day_ends if kind == "day" else self.month_ends
 
+    def began(self, kind: WindowKind) -> datetime:
+        """When the current window of `kind` began (UTC)."""
+        key = self.key(kind).split(":", 1)[1]
+        form = {"minute": "%Y-%m-%dT%H:%M", "day": "%Y-%m-%d", "month": "%Y-%m"}[kind]
+        return datetime.strptime(key, form).replace(tzinfo=UTC)
+
 
 def windows_at(moment: float | datetime) -> Windows:
     """The UTC minute, day and month windows that `moment` (Unix seconds, or aware) is in."""

@@ -13,7 +13,9 @@ limit is reached add theirs too. README.md ("Limits and budgets") states the bou
 
 If the database cannot be reached, counts stay local (nothing is lost; they are written once it
 answers again) and decisions go on from the last shared totals. Tenants without limits are not
-counted at all.
+counted at all: when a tenant gets a budget (at start-up, or a reload), its spend so far in that
+day or month is taken from its exchange records (the shared counter is raised to it if less),
+so a budget set mid-month knows what the month has cost already.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from proxy.config import Config, Limits
 from proxy.errors import RateLimited
 from storage.database import Database
 from storage.repositories.counters import Counters, WindowCount
+from storage.repositories.exchanges import Exchanges
 from storage.repositories.system import SystemRepository
 
 log = structlog.get_logger("memproxy.limits")
@@ -125,6 +128,9 @@ class LimitKeeper:
         self._clock = clock
         self._rules, self._needed = _rules_of(config)
         self._tallies = {name: _Tally() for name in self._rules}
+        # Budget windows (tenant, day or month) not counted from their start: their spend so
+        # far is read from the exchange records at the next sync.
+        self._unseeded = _budget_windows(self._needed)
         self._syncing = asyncio.Lock()
         self._windows = windows_at(clock())
         self._stopping = asyncio.Event()
@@ -144,9 +150,12 @@ class LimitKeeper:
 
     async def reconfigure(self, config: Config) -> None:
         """The limits of a reloaded config: what was counted is kept; a tenant with limits for
-        the first time is counted from now on, over the shared totals of its windows."""
+        the first time is counted from now on, over the shared totals of its windows, and a
+        budget new to it starts from what its exchanges have cost in its day or month."""
         self.config = config
+        counted = _budget_windows(self._needed)
         self._rules, self._needed = _rules_of(config)
+        self._unseeded |= _budget_windows(self._needed) - counted
         for name in self._rules:
             self._tallies.setdefault(name, _Tally())
         if self._task is None:
@@ -231,9 +240,14 @@ class LimitKeeper:
         tenants = list(self._rules)
         current = [windows.minute, windows.day, windows.month]
         stamp = datetime.fromtimestamp(now, UTC)
+        seeding = {(t, kind) for t, kind in self._unseeded if t in self._rules}
 
         def exchange(conn: Connection) -> dict[str, dict[str, WindowCount]]:
             counters = Counters(conn)
+            for tenant_id, kind in sorted(seeding):  # (key order, as add_many's rows)
+                (spent,) = Exchanges(conn).usage(tenant_id, windows.began(kind), stamp)
+                cost = spent.cost_upstream_usd + spent.cost_memory_usd
+                counters.spend_at_least(tenant_id, windows.key(kind), cost, stamp)
             counters.add_many(batch, stamp)
             return counters.get_many(tenants, current)
 
@@ -241,12 +255,14 @@ class LimitKeeper:
             return Counters(conn).get_many(tenants, current)
 
         try:
-            totals = await (self.db.write(exchange) if batch else self.db.read(read))
+            write = batch or seeding
+            totals = await (self.db.write(exchange) if write else self.db.read(read))
         except Exception as exc:
             for tally in self._tallies.values():
                 tally.keep_unwritten()
             log.warning("limits_sync_failed", error=str(exc) or type(exc).__name__)
             return False
+        self._unseeded -= seeding
         for tenant_id, tally in self._tallies.items():
             tally.flushing = {}
             tally.shared = {
@@ -304,6 +320,10 @@ def _rules_of(config: Config) -> tuple[dict[str, Limits], dict[str, tuple[Window
             rules[name] = tenant.limits
             needed[name] = tuple(sorted(kinds))
     return rules, needed
+
+
+def _budget_windows(needed: dict[str, tuple[WindowKind, ...]]) -> set[tuple[str, WindowKind]]:
+    return {(t, kind) for t, kinds in needed.items() for kind in kinds if kind != "minute"}
 
 
 def _rate_limited(denial: Denial) -> RateLimited:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import USAGE_COUNTERS
@@ -38,8 +39,19 @@ def _upsert(statement: postgresql.Insert | sqlite.Insert) -> postgresql.Insert |
     )
 
 
+def _at_least(statement: postgresql.Insert | sqlite.Insert, larger: Any) -> Any:
+    return statement.on_conflict_do_update(
+        index_elements=[C.c.tenant_id, C.c.window],
+        set_={"cost_usd": larger(C.c.cost_usd, statement.excluded.cost_usd)},
+    )
+
+
 # Built once; values travel as parameters (executemany for many rows).
 _UPSERT = {"postgresql": _upsert(postgresql.insert(C)), "sqlite": _upsert(sqlite.insert(C))}
+_AT_LEAST = {  # (SQLite's max() of two arguments is the larger, PostgreSQL's greatest())
+    "postgresql": _at_least(postgresql.insert(C), func.greatest),
+    "sqlite": _at_least(sqlite.insert(C), func.max),
+}
 _READ = select(C.c.tenant_id, C.c.window, C.c.requests, C.c.tokens, C.c.cost_usd).where(
     C.c.tenant_id.in_(bindparam("tenants", expanding=True)),
     C.c.window.in_(bindparam("windows", expanding=True)),
@@ -71,6 +83,14 @@ class Counters:
         ]
         if rows:
             self.conn.execute(_UPSERT[self.conn.dialect.name], rows)
+
+    def spend_at_least(self, tenant_id: str, window: str, cost_usd: float, now: datetime) -> None:
+        """Raise the tenant's spend in `window` to `cost_usd` if it is less (what its exchange
+        records add up to, when the window was not counted from its start)."""
+        row = {"tenant_id": tenant_id, "window": window, "requests": 0, "tokens": 0}
+        self.conn.execute(
+            _AT_LEAST[self.conn.dialect.name], {**row, "cost_usd": cost_usd, "updated_at": now}
+        )
 
     def get(self, tenant_id: str, windows: Iterable[str]) -> dict[str, WindowCount]:
         """The tenant's totals in `windows` (window -> amounts; absent windows are left out)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +18,8 @@ from proxy.errors import RateLimited
 from proxy.limits import LimitKeeper
 from storage.database import Database
 from storage.repositories.counters import Counters, WindowCount
+from storage.repositories.exchanges import Exchanges
+from tests.storage.test_exchange_costs import start as start_exchange
 
 START = datetime(2026, 11, 22, 2, 8, 0, tzinfo=UTC).timestamp()
 
@@ -146,6 +148,49 @@ async def test_a_restarted_keeper_knows_todays_spend(db: Database) -> None:
             second.admit(principal(cfg))
     finally:
         await second.stop()
+
+
+async def test_a_budget_set_mid_month_starts_from_the_months_spend(db: Database) -> None:
+    """The tenant ran without limits: nothing was counted as it went. A budget that appears
+    (at start-up, or by a reload) knows what its window has cost from the exchange records."""
+    started = datetime.fromtimestamp(START, UTC)
+    for n, (when, upstream, memory) in enumerate(
+        [
+            (started - timedelta(days=20), 0.25, 0.05),  # this month, an earlier day
+            (started - timedelta(hours=1), 0.5, None),  # today (and this month)
+            (started - timedelta(days=30), 9.0, None),  # last month: not counted
+        ]
+    ):
+        await start_exchange(db, f"r{n}", started_at=when, cost_upstream_usd=upstream)
+        if memory is not None:
+            part = {"kind": "summary", "model": "m", "cost_usd": memory}
+            await db.write(
+                lambda c, p=part, r=f"r{n}": Exchanges(c).add_cost("t1", r, p, p["cost_usd"])
+            )
+    clock, plain = Clock(), config()
+    k = keeper(db, plain, clock)
+    await k.start()
+    try:
+        await k.reconfigure(config(budget_usd_month=0.8, budget_usd_day=5.0))
+        (month, day) = k.view("t1").usage
+        assert (month.limit, round(month.used, 10)) == ("budget_usd_month", 0.8)
+        assert (day.limit, round(day.used, 10)) == ("budget_usd_day", 0.5)
+        with pytest.raises(RateLimited):
+            k.admit(principal(config(budget_usd_month=0.8)))
+    finally:
+        await k.stop()
+    # A counter already above the records (a call not yet in them) is never lowered; a
+    # restart with the budget in place from the start reads the same.
+    await db.write(
+        lambda c: Counters(c).add("t1", {"month:2026-11": WindowCount(cost_usd=0.2)}, started)
+    )
+    again = keeper(db, config(budget_usd_month=5.0), clock)
+    await again.start()
+    try:
+        (month,) = again.view("t1").usage
+        assert round(month.used, 10) == 1.0
+    finally:
+        await again.stop()
 
 
 async def test_tenants_without_limits_are_not_counted(db: Database) -> None:
