@@ -75,32 +75,30 @@ class EmbeddingsUpstream(Protocol):
     async def embeddings(self, body: dict[str, Any]) -> UpstreamReply: ...
 
 
-def _tokens_used(reply: UpstreamReply, texts: Sequence[str]) -> tuple[int, bool]:
-    """The input tokens an embeddings call reports, or our count of `texts` (estimated)."""
-    try:
-        usage = msgspec.json.decode(reply.body or b"").get("usage") or {}
-        tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
-    except (RecursionError, ValueError, AttributeError):
-        tokens = None
-    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
-        return tokens, False
-    return sum(count_text(t) for t in texts), True
-
-
-def _parse_embeddings(reply: UpstreamReply, count: int, upstream: str) -> list[list[float]]:
+def _parse_embeddings(
+    reply: UpstreamReply, texts: Sequence[str], upstream: str
+) -> tuple[list[list[float]], Usage]:
+    """The vectors of an embeddings reply for `texts`, and the input tokens it reports (or
+    our count of `texts`, marked estimated)."""
+    count = len(texts)
     if reply.status >= 400:
         raise EmbeddingError(f"upstream {upstream!r} answered {reply.status} to /embeddings")
     try:
         payload = msgspec.json.decode(reply.body or b"")
         data = sorted(payload["data"], key=lambda d: d["index"])
         vectors = [[float(v) for v in d["embedding"]] for d in data]
-    except (RecursionError, KeyError, TypeError, ValueError) as exc:
+        usage = payload.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
+    except (RecursionError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EmbeddingError(f"upstream {upstream!r}: not an embeddings reply ({exc!r})") from None
     if len(vectors) != count or any(not v for v in vectors):
         raise EmbeddingError(f"upstream {upstream!r}: {len(vectors)} embeddings for {count} inputs")
     if len({len(v) for v in vectors}) > 1:
         raise EmbeddingError(f"upstream {upstream!r}: embeddings of different sizes")
-    return vectors
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        return vectors, Usage(tokens, 0)
+    return vectors, Usage(sum(count_text(t) for t in texts), 0, estimated=True)
 
 
 class UpstreamEmbedder:
@@ -113,7 +111,7 @@ class UpstreamEmbedder:
         """The vectors, and the calls' input tokens as the upstream reports them (or counted):
         what the tenant's key is billed for, charged by the caller."""
         out: list[list[float]] = []
-        tokens, estimated = 0, False
+        tokens, estimated = 0, False  # (over the batches)
         for start in range(0, len(texts), UPSTREAM_BATCH):
             batch = [t[:EMBED_CHARS] for t in texts[start : start + UPSTREAM_BATCH]]
             body = {"model": self.model, "input": batch, "encoding_format": "float"}
@@ -125,9 +123,9 @@ class UpstreamEmbedder:
                 raise EmbeddingError(
                     f"upstream {self.upstream.name!r} could not be reached for embeddings ({exc!r})"
                 ) from exc
-            out.extend(_parse_embeddings(reply, len(batch), self.upstream.name))
-            used, counted = _tokens_used(reply, batch)
-            tokens, estimated = tokens + used, estimated or counted
+            vectors, used = _parse_embeddings(reply, batch, self.upstream.name)
+            out.extend(vectors)
+            tokens, estimated = tokens + used.prompt_tokens, estimated or used.estimated
         return Embedded(out, Usage(tokens, 0, estimated=estimated))
 
 

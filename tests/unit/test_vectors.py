@@ -4,15 +4,19 @@ configuration's embeddings need (proxy/embeddings.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import struct
 from typing import Any
 
 import numpy as np
 import pytest
 
+from policies.pricing import Usage
 from policies.vectors import DTYPE, BadVector, decode, encode, normalised
 from proxy import embeddings
 from proxy.config import ConfigError, MemorySettings, UpstreamConfig
+from proxy.embeddings import UPSTREAM_BATCH, UpstreamEmbedder
+from proxy.upstream.base import UpstreamReply
 from tests.conftest import make_config
 
 
@@ -84,3 +88,36 @@ def test_an_upstream_without_embeddings_is_refused() -> None:
     # Another upstream for the embeddings alone is fine.
     ok = config_with(MemorySettings(embeddings="upstream", embedding_upstream="echo"), litellm)
     embeddings.check_embeddings(ok)
+
+
+class Answering:
+    """An embeddings upstream that answers every batch with `usage` (None: leaves it out)."""
+
+    name = "fake"
+
+    def __init__(self, usage: Any) -> None:
+        self.usage, self.batches = usage, 0
+
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
+        self.batches += 1
+        data = [{"index": i, "embedding": [1.0, 0.0]} for i, _ in enumerate(body["input"])]
+        reply: dict[str, Any] = {"data": data}
+        if self.usage is not None:
+            reply["usage"] = self.usage
+        return UpstreamReply(200, body=json.dumps(reply).encode())
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"prompt_tokens": 7, "total_tokens": 7}, Usage(14, 0)),  # as reported, per batch
+        ({"total_tokens": 5}, Usage(10, 0)),
+        (None, Usage(UPSTREAM_BATCH + 2, 0, estimated=True)),  # counted: "hi" is 1 token
+        ("lots", Usage(UPSTREAM_BATCH + 2, 0, estimated=True)),  # not an object: counted
+    ],
+)
+async def test_an_upstreams_embeddings_say_what_they_used(usage: Any, expected: Usage) -> None:
+    upstream = Answering(usage)
+    embedded = await UpstreamEmbedder(upstream, "m").embed(["hi"] * (UPSTREAM_BATCH + 2))
+    assert upstream.batches == 2 and len(embedded.vectors) == UPSTREAM_BATCH + 2
+    assert embedded.usage == expected
