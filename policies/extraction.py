@@ -110,11 +110,11 @@ def extraction_request(
 def turn_of(roles: Sequence[str], before: int = 1) -> tuple[int, int]:
     """An exchange's turn among its stored messages (their roles, in order, the `before`
     messages of the conversation ahead of them first): where what to read begins (`before`
-    messages ahead of the turn), and the turn, the last message not from the assistant (the
-    user's, or a tool's result). A client that resent its whole history to a conversation
-    the proxy did not know stored all of it with the exchange; what is new is the turn and
-    the reply."""
-    turn = max((i for i, role in enumerate(roles) if role != "assistant"), default=0)
+    messages ahead of the turn), and the turn, the last message from the user or a tool (a
+    system or developer message after it is not what is new). A client that resent its whole
+    history to a conversation the proxy did not know stored all of it with the exchange; what
+    is new is the turn and the reply."""
+    turn = max((i for i, role in enumerate(roles) if role in ("user", "tool")), default=0)
     return max(0, turn - before), turn
 
 

@@ -22,6 +22,8 @@ from proxy.metrics import Metrics
 from storage.database import Database
 from storage.repositories.exchanges import Added, Exchanges
 
+EMBEDDING = "embedding"  # the kind of an embeddings call's part
+
 
 class MemoryCharges:
     def __init__(self, db: Database, pricer: Pricer, limits: LimitKeeper, metrics: Metrics) -> None:
@@ -35,7 +37,7 @@ class MemoryCharges:
         call was made: it counts against the budgets and in the metrics first, whether or not
         its part of the record can be written (a StorageError is raised after)."""
         part, usd = self.priced(kind, model, usage)
-        self.count(tenant_id, model, usage, usd)
+        self.count(tenant_id, model, usage, usd, kind)
         await self.record(tenant_id, request_id, part)
         return usd
 
@@ -57,9 +59,14 @@ class MemoryCharges:
         """Add `part` (`priced`) to the exchange record."""
         return await self.db.write(lambda conn: add_part(conn, tenant_id, request_id, part))
 
-    def count(self, tenant_id: str, model: str, usage: Usage, usd: Decimal | None) -> None:
-        """The call against the tenant's budgets, and in the metrics."""
-        self.limits.spend(tenant_id, usage.total_tokens, usd)
+    def count(
+        self, tenant_id: str, model: str, usage: Usage, usd: Decimal | None, kind: str = ""
+    ) -> None:
+        """The call against the tenant's budgets (and `tpm`, but for embeddings: providers
+        limit those apart from chat, and an import's would crowd out the chat), and in the
+        metrics."""
+        tokens = 0 if kind == EMBEDDING else usage.total_tokens
+        self.limits.spend(tenant_id, tokens, usd)
         label = self.metrics.model(model)
         self.metrics.tokens.labels(tenant_id, label, "prompt").inc(usage.prompt_tokens)
         self.metrics.tokens.labels(tenant_id, label, "completion").inc(usage.completion_tokens)

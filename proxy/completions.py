@@ -30,6 +30,7 @@ from policies.tokens import count_message, count_messages, message_text, upper_b
 from proxy.access import RequestInfo, request_info
 from proxy.artifacts import NOTHING_ATTACHED, Attached
 from proxy.auth import Principal
+from proxy.charges import EMBEDDING
 from proxy.costs import count_prompt, nothing_billed
 from proxy.embeddings import EMBED_CHARS, Vector
 from proxy.errors import BadRequest, ProxyError, RateLimited, ServiceUnavailable
@@ -338,6 +339,8 @@ class ChatExchange:
                     self.principal.tenant_id, self.model_label, status
                 )
                 self.flight.end()
+                if self.attached_artifacts.calls or self.question_vector is not None:
+                    self.services.spawn(self._charge_own_calls())  # paid for all the same
             raise
 
     async def _answer(self) -> Response[Any]:
@@ -939,7 +942,7 @@ class ChatExchange:
         if task is not None and task.done() and not task.cancelled():
             vector = task.result()
             if vector is not None and vector.usage is not None:
-                calls.append(("embedding", vector.model, vector.usage))
+                calls.append((EMBEDDING, vector.model, vector.usage))
         return calls
 
     async def _charge_own_calls(self) -> None:
@@ -988,7 +991,7 @@ class ChatExchange:
         waits in the spill with the exchange (it is counted against the budgets at once)."""
         turn, tenant, services = self.turn, self.principal.tenant_id, self.services
         part, usd = services.charges.priced(kind, model, usage)
-        services.charges.count(tenant, model, usage, usd)
+        services.charges.count(tenant, model, usage, usd, kind)
         if turn is not None:
             try:
                 if await services.charges.record(tenant, turn.request_id, part) != "missing":

@@ -19,7 +19,7 @@ import structlog
 from sqlalchemy import Connection
 
 from policies.vectors import EMBED_JOB_KIND, BadVector, encode
-from proxy.charges import MemoryCharges
+from proxy.charges import EMBEDDING, MemoryCharges
 from proxy.embeddings import EmbeddingError, Embeddings
 from proxy.jobs import Apply, JobFailed
 from proxy.metrics import Metrics
@@ -105,7 +105,7 @@ class MessageEmbedder:
         if embedded.usage is not None:  # paid for, whatever becomes of the vectors
             try:
                 await self.charges.charge(
-                    job.tenant_id, job.ref, kind="embedding", model=model, usage=embedded.usage
+                    job.tenant_id, job.ref, kind=EMBEDDING, model=model, usage=embedded.usage
                 )
             except StorageError as exc:
                 log.error("embedding_cost_not_recorded", job=job.pk, error=str(exc))

@@ -240,21 +240,27 @@ class LimitKeeper:
         tenants = list(self._rules)
         current = [windows.minute, windows.day, windows.month]
         stamp = datetime.fromtimestamp(now, UTC)
-        seeding = {(t, kind) for t, kind in self._unseeded if t in self._rules}
+        seeding = sorted((t, kind) for t, kind in self._unseeded if t in self._rules)
+
+        def recorded(conn: Connection) -> list[float]:
+            """What the seeded windows' exchanges cost (a read: no write waits for it)."""
+            spent = [Exchanges(conn).usage(t, windows.began(k), stamp)[0] for t, k in seeding]
+            return [s.cost_upstream_usd + s.cost_memory_usd for s in spent]
 
         def exchange(conn: Connection) -> dict[str, dict[str, WindowCount]]:
             counters = Counters(conn)
-            for tenant_id, kind in sorted(seeding):  # (key order, as add_many's rows)
-                (spent,) = Exchanges(conn).usage(tenant_id, windows.began(kind), stamp)
-                cost = spent.cost_upstream_usd + spent.cost_memory_usd
-                counters.spend_at_least(tenant_id, windows.key(kind), cost, stamp)
             counters.add_many(batch, stamp)
+            # After the batch: what this replica counted is in the records too, so the
+            # window holds the larger of the two, never their sum.
+            for (tenant_id, kind), cost in zip(seeding, costs, strict=True):
+                counters.spend_at_least(tenant_id, windows.key(kind), cost, stamp)
             return counters.get_many(tenants, current)
 
         def read(conn: Connection) -> dict[str, dict[str, WindowCount]]:
             return Counters(conn).get_many(tenants, current)
 
         try:
+            costs = await self.db.read(recorded) if seeding else []
             write = batch or seeding
             totals = await (self.db.write(exchange) if write else self.db.read(read))
         except Exception as exc:
@@ -262,7 +268,7 @@ class LimitKeeper:
                 tally.keep_unwritten()
             log.warning("limits_sync_failed", error=str(exc) or type(exc).__name__)
             return False
-        self._unseeded -= seeding
+        self._unseeded -= set(seeding)
         for tenant_id, tally in self._tallies.items():
             tally.flushing = {}
             tally.shared = {

@@ -239,7 +239,8 @@ class HistorySummarizer:
         )
         # Read as far as `through`, unless the limit stopped short: then what a summary of
         # these may claim ends at the last one read, and the rest waits for the next job.
-        reached = found[-1].seq if found and len(found) == limit < through - after else through
+        short = found and len(found) == limit < through - after
+        reached = min(found[-1].seq, through) if short else through
         turns = [
             m
             for m in found

@@ -17,6 +17,7 @@ from proxy.embedding_jobs import CHUNK
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, concept_embedding, error_reply
 from tests.integration.test_recall import recall_section
+from tests.polling import eventually
 
 MODEL = "gpt-4o-mini"
 # What the fake embedding model knows: these words mean "dog".
@@ -270,3 +271,28 @@ async def test_the_proxys_embedding_calls_are_charged_to_their_exchanges(
     embedding = ("embedding", "text-embedding-3-small", 2, 4e-08)
     assert await parts(question) == [embedding]
     assert await parts(stored) == [embedding, embedding]  # its question's, then its job's
+
+    # A request refused after its question's embedding began (an unknown document) still
+    # paid for it: no exchange to charge, but the metrics (and the budgets) have it.
+    tokens = 'memproxy_tokens_total{kind="prompt",model="text-embedding-3-small",tenant="t1"}'
+
+    async def embedded_tokens() -> float:
+        line = next(x for x in (await metrics(seeded)).splitlines() if x.startswith(tokens))
+        return float(line.split()[-1])
+
+    before = await embedded_tokens()
+    refused = await seeded.post(
+        "/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "attachments": [{"attachment_id": "att_nope"}],
+        },
+        headers={"X-Memory-User-Id": "alice"},
+    )
+    assert refused.status_code in (400, 404), refused.text
+
+    async def charged() -> bool:
+        return await embedded_tokens() == before + 2
+
+    await eventually(charged, "the refused request's embedding counted")

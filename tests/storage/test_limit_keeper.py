@@ -193,6 +193,22 @@ async def test_a_budget_set_mid_month_starts_from_the_months_spend(db: Database)
         await again.stop()
 
 
+async def test_what_a_replica_counted_before_its_seeding_is_not_counted_twice(
+    db: Database,
+) -> None:
+    """The start-up sync failed (or a reload is still syncing): calls were counted locally,
+    and their exchange records hold them too. The window takes the larger, not the sum."""
+    started = datetime.fromtimestamp(START - 60, UTC)
+    await start_exchange(db, "r1", started_at=started, cost_upstream_usd=0.5)
+    cfg, clock = config(budget_usd_day=5.0), Clock()
+    k = keeper(db, cfg, clock)
+    k.admit(principal(cfg))
+    k.spend("t1", 10, Decimal("0.5"))  # the call r1 records
+    assert await k.sync()
+    (day,) = k.view("t1").usage
+    assert day.used == 0.5
+
+
 async def test_tenants_without_limits_are_not_counted(db: Database) -> None:
     cfg, clock = config(rpm=1), Clock()
     k = keeper(db, cfg, clock)

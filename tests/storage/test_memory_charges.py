@@ -103,6 +103,25 @@ async def test_a_call_counts_against_the_budget_before_its_record_is_written(
     assert record is not None and record.cost_memory_usd == 0.002
 
 
+async def test_an_embeddings_call_counts_toward_the_budgets_but_not_tpm(db: Database) -> None:
+    """Providers limit embeddings apart from chat: an import's embeddings must not use up the
+    chat's tokens per minute."""
+    limited = Config(
+        tenants={"t1": TenantConfig(api_keys=["k"], limits=Limits(tpm=1000, budget_usd_day=1.0))}
+    )
+    charges = MemoryCharges(
+        db, Pricer(PriceBook(PRICES, lambda model: None)), LimitKeeper(db, limited), Metrics()
+    )
+    await charges.charge(
+        "t1", "req_none", kind="embedding", model="helper-model", usage=Usage(5000, 0)
+    )
+    await charges.charge(
+        "t1", "req_none", kind="summary", model="helper-model", usage=Usage(100, 0)
+    )
+    used = {u.limit: u.used for u in charges.limits.view("t1").usage}
+    assert used == {"budget_usd_day": 0.0051, "tpm": 100}
+
+
 async def test_an_unpriced_call_is_listed_but_adds_no_cost(
     db: Database, charges: MemoryCharges
 ) -> None:

@@ -193,6 +193,7 @@ def test_memories_sharing_rarer_words_rank_first() -> None:
         (["user", "assistant", "user", "assistant", "user", "assistant"], (3, 4)),  # resent
         (["user", "assistant", "tool", "assistant"], (1, 2)),  # a tool's result is the turn
         (["user"], (0, 0)),  # no reply (yet)
+        (["assistant", "user", "system", "assistant"], (0, 1)),  # a system message after it
         ([], (0, 0)),
     ],
 )
