@@ -400,7 +400,9 @@ async def test_two_jobs_of_one_user_deciding_together_store_a_memory_once(
     await eventually(lambda: asyncio.sleep(0, result=len(model.chat_requests) == 2))
     model.release.set()
     jobs = [await proxy.job_of(a), await proxy.job_of(b)]
-    assert [m["text"] for m in await proxy.memories()] == ["The user is vegetarian."]
+    # Whichever job wrote first (both are released at once) stored it; the other found it.
+    (kept,) = await proxy.memories()
+    assert kept["text"] in ("The user is vegetarian.", "the user is vegetarian")
     outcomes = sorted((len(j["result"]["applied"]), len(j["result"]["rejected"])) for j in jobs)
     assert outcomes == [(0, 1), (1, 0)]
     (refused,) = [r for j in jobs for r in j["result"]["rejected"]]
