@@ -46,7 +46,7 @@ from proxy.artifact_sources import (
 )
 from proxy.artifact_summaries import FocusedSummaries
 from proxy.config import Config, TenantConfig
-from proxy.costs import TOKENIZE_INLINE_CHARS, Pricer, usage_or_estimate
+from proxy.costs import TOKENIZE_INLINE_CHARS, usage_or_estimate
 from proxy.errors import BadRequest
 from proxy.memory import ConversationMemory
 from proxy.metrics import Metrics
@@ -124,10 +124,9 @@ class Artifacts:
         upstreams: Mapping[str, Upstream],
         db: Database,
         memory: ConversationMemory,
-        pricer: Pricer,
         metrics: Metrics,
     ) -> None:
-        self.db, self.memory, self.pricer, self.metrics = db, memory, pricer, metrics
+        self.db, self.memory, self.metrics = db, memory, metrics
         self.summaries = FocusedSummaries(db, memory, metrics)
         self._upstreams = {
             name: upstreams[tenant.attachments.upstream or tenant.upstream]

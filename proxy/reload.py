@@ -95,7 +95,6 @@ async def configure(
         if isinstance(inner, LiteLLMUpstream):
             await inner.load()  # seconds: now rather than on a first request
         upstreams[name] = upstream
-    pricer = charges.pricer
     embeddings = Embeddings(config, upstreams, metrics)
     vectors = None
     if embeddings.settings:
@@ -109,7 +108,7 @@ async def configure(
         keys=KeyRing(config),
         upstreams=upstreams,
         intents=IntentClassifiers(config, upstreams, metrics),
-        artifacts=Artifacts(config, upstreams, db, memory, pricer, metrics),
+        artifacts=Artifacts(config, upstreams, db, memory, metrics),
         extractor=MemoryExtractor(config, upstreams, db, charges, metrics),
         embeddings=embeddings,
         summarizer=HistorySummarizer(config, upstreams, db, charges, metrics),
