@@ -144,6 +144,7 @@ class MemoryExtractor:
     ) -> dict[str, Any]:
         """Write the decisions; `shown`: when each memory the model was shown last changed."""
         memories, now = Memories(conn), datetime.now(UTC)
+        memories.lock_user(job.tenant_id, job.user_id)  # (before `_one` checks for repeats)
         applied: list[dict[str, Any]] = []
         refused = [r.as_dict() for r in rejected]
         for decision in decisions:

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Connection, bindparam, select, text
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import ERASURES
 from storage.repositories.digests import tenant_digest
-from storage.repositories.rows import utc
+from storage.repositories.rows import advisory_lock, utc
 
 E = ERASURES
 # Built once: every turn stored asks it (20 µs against 80 µs built per call, on SQLite).
 _ERASED_AT = select(E.c.erased_at).where(
     E.c.tenant_id == bindparam("tenant"), E.c.user_hash == bindparam("user_hash")
 )
+
+
+def _key(tenant_id: str, user_id: str) -> str:
+    return f"erasure:{len(tenant_id)}:{tenant_id}:{user_id}"
 
 
 def erased_user_hash(tenant_id: str, user_id: str) -> str:
@@ -38,21 +42,14 @@ class Erasures:
         with every one that `share`s the lock (on PostgreSQL; SQLite has one writer at a time
         anyway): a replay then either sees the erasure or is wholly before it, and so deleted
         by it."""
-        self._advisory("pg_advisory_xact_lock", tenant_id, user_id)
+        advisory_lock(self.conn, _key(tenant_id, user_id))
 
     def share(self, tenant_id: str, user_id: str) -> None:
         """Let this transaction (one that stores a turn, a reply or an exchange record of the
         user) run beside others of its kind but never beside the user's erasure: it commits
         wholly before the erasure, which deletes what it wrote, or wholly after. Take it
         before any row lock (as `lock` is), so the two never wait for each other."""
-        self._advisory("pg_advisory_xact_lock_shared", tenant_id, user_id)
-
-    def _advisory(self, function: str, tenant_id: str, user_id: str) -> None:
-        if self.conn.dialect.name == "postgresql":
-            self.conn.execute(
-                text(f"SELECT {function}(hashtextextended(:key, 0))"),
-                {"key": f"erasure:{len(tenant_id)}:{tenant_id}:{user_id}"},
-            )
+        advisory_lock(self.conn, _key(tenant_id, user_id), shared=True)
 
     def record(self, tenant_id: str, user_id: str, at: datetime) -> None:
         """Note the user's erasure (after `lock`, in the erasure's own transaction)."""

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from storage.errors import ConflictError
 from storage.models import MEMORIES
 from storage.records import MemoryRecord
-from storage.repositories.rows import columns, delete_chosen, utc_row
+from storage.repositories.rows import advisory_lock, columns, delete_chosen, utc_row
 
 R = MEMORIES
 _COLUMNS = columns(R, MemoryRecord)
@@ -153,6 +153,12 @@ class Memories:
             )
         rows = self.conn.execute(query.order_by(R.c.pk.desc()).limit(limit))
         return [_record(r) for r in rows]
+
+    def lock_user(self, tenant_id: str, user_id: str) -> None:
+        """Serialise this transaction with any other that locks the same user's memories, until
+        it ends: a check of what they hold (`with_text`) then stays true while it writes. Two
+        extraction jobs of one user deciding together both add otherwise, on PostgreSQL."""
+        advisory_lock(self.conn, f"memories:{len(tenant_id)}:{tenant_id}:{user_id}")
 
     def with_text(self, tenant_id: str, user_id: str, folded: Sequence[str]) -> list[str]:
         """The ids of the user's memories whose text, lowercased, is one of `folded`."""

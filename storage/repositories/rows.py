@@ -7,7 +7,7 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, Table, delete
+from sqlalchemy import ColumnElement, Connection, Select, Table, delete, text
 
 # Python-side names that differ from the column's (`metadata` is reserved on ORM classes).
 _RENAMED = {"meta": "metadata"}
@@ -30,6 +30,15 @@ def utc_row(row: Any) -> dict[str, Any]:
         if isinstance(value, datetime):
             out[key] = utc(value)
     return out
+
+
+def advisory_lock(conn: Connection, key: str, *, shared: bool = False) -> None:
+    """Take PostgreSQL's advisory lock on `key` until this transaction ends (`shared`: beside
+    other shared holders, never beside an exclusive one). SQLite needs none: it has one writer
+    at a time, and a write transaction begins with its lock."""
+    if conn.dialect.name == "postgresql":
+        function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        conn.execute(text(f"SELECT {function}(hashtextextended(:key, 0))"), {"key": key})
 
 
 def delete_chosen(conn: Connection, table: Table, tenant_id: str, chosen: Select[Any]) -> int:

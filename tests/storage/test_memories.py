@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection
 from sqlalchemy import text as sql
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from storage import migrate
 from storage.database import Database
@@ -93,3 +94,34 @@ async def test_migration_0014_folds_the_memories_already_there(database_url: str
     finally:
         await db.dispose()
     assert sorted(m.id for m in found) == ["mem_0", "mem_1", "mem_2"]
+
+
+async def test_a_users_memories_stay_locked_until_the_holder_ends(db: Database) -> None:
+    """Extraction checks a new memory is not held already, then adds it: a second transaction
+    of the same user doing so waits for the first to end, and then sees what it added (on
+    PostgreSQL it read past the uncommitted row and added the memory twice)."""
+    vegetarian, ids = ["the user is vegetarian."], iter(["mem_first", "mem_second"])
+
+    def add_unless_held(conn: Connection) -> list[str]:
+        memories = Memories(conn)
+        memories.lock_user("t1", "alice")
+        held = memories.with_text("t1", "alice", vegetarian)
+        if not held:
+            memories.create("t1", "alice", next(ids), "The user is vegetarian.", now=T0)
+        return held
+
+    other = create_async_engine(db.url)
+    try:
+        async with other.begin() as first:
+            await first.run_sync(lambda conn: add_unless_held(conn) or None)
+            second = asyncio.create_task(db.write(add_unless_held))
+            await asyncio.sleep(0.3)
+            assert not second.done()  # it waits for the first to end
+            if not db.is_sqlite:  # (SQLite's one writer waits whatever it locks)
+                # Another user's memories are not held by it.
+                await db.write(lambda conn: Memories(conn).lock_user("t1", "bob"))
+    finally:
+        await other.dispose()
+    assert await second == ["mem_first"]  # the first's, committed
+    found = await db.read(lambda c: Memories(c).with_text("t1", "alice", vegetarian))
+    assert found == ["mem_first"]
