@@ -172,6 +172,24 @@ class JobRunner:
             )
         )
 
+    async def _claim_whole(self, limit: int) -> list[JobRecord]:
+        """`_claim`, which a stop does not cut short: it waits for the claim to end and puts
+        back what it took. (A claim on SQLite commits in its thread whatever becomes of its
+        caller: cut short, its jobs stayed `running`, an attempt used, until the next start.)"""
+        claiming = asyncio.ensure_future(self._claim(limit))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            (taken,) = await asyncio.gather(claiming, return_exceptions=True)
+            for job in taken if isinstance(taken, list) else []:
+                await self._put_back(job)
+            raise
+
+    async def _put_back(self, job: JobRecord) -> None:
+        """Stopping: the job is due again at once, and this attempt does not count."""
+        errors = list((job.result or {}).get("errors", []))
+        await self._settle(job, "queued", errors, None, run_after=_now(), retake=True)
+
     async def _poll(self) -> None:
         """Keep up to `concurrency` jobs running: a free slot is filled as soon as a job ends,
         so one slow job does not hold up the others queued behind it."""
@@ -182,7 +200,7 @@ class JobRunner:
                     self._wake.clear()  # (before the claim: a job queued during it wakes us)
                     claimed: list[JobRecord] = []
                     try:
-                        claimed = await self._claim(self.concurrency - len(running))
+                        claimed = await self._claim_whole(self.concurrency - len(running))
                     except StorageError as exc:
                         log.warning("jobs_poll_failed", error=str(exc))
                     except Exception:  # the loop goes on: it is every job's way in
@@ -228,8 +246,8 @@ class JobRunner:
             outcome = "done" if written else "dropped"
             if not written:
                 log.info("job_dropped", job=job.pk, kind=job.kind, tenant=job.tenant_id)
-        except asyncio.CancelledError:  # stopping: this attempt does not count
-            await self._settle(job, "queued", errors, None, run_after=_now(), retake=True)
+        except asyncio.CancelledError:
+            await self._put_back(job)
             raise
         except Exception as exc:
             failure = exc if isinstance(exc, JobFailed) else JobFailed(repr(exc))

@@ -341,6 +341,48 @@ async def test_stopping_puts_a_running_job_back(db: Database) -> None:
     assert (failed.status, failed.attempts) == ("queued", 1)
 
 
+async def test_a_stop_during_a_claim_puts_what_it_claimed_back(db: Database) -> None:
+    """The claim waits behind another transaction holding the jobs (on SQLite, the file); the
+    runner is stopped meanwhile, and then the claim goes through. Its job must be queued
+    again with no attempt used: on SQLite the cut-short claim still committed in its thread,
+    leaving the job `running` with an attempt used until the next start."""
+    jobs = runner(db, k=lambda job: asyncio.sleep(0, result=remember("tea")))
+    await jobs.start()
+    other = create_async_engine(db.url)
+    try:
+        async with other.begin() as holding:
+            if db.is_sqlite:
+                await holding.execute(text("UPDATE jobs SET kind = kind"))  # the write lock
+            else:
+                await holding.execute(text("LOCK TABLE jobs IN EXCLUSIVE MODE"))
+            queued = now() - timedelta(seconds=1)
+            await holding.run_sync(
+                lambda conn: Jobs(conn).enqueue("t1", "alice", "k", "req_1", now=queued)
+            )
+            jobs.wake()
+            await _claim_waiting(db)
+            stopping = asyncio.create_task(jobs.stop())
+            await asyncio.sleep(0.05)
+        await stopping
+    finally:
+        await other.dispose()
+    await db.write(lambda conn: None)  # (after the claim: on SQLite, the one writer's turn)
+    back = await job(db, "req_1")
+    assert (back.status, back.worker, back.attempts) == ("queued", None, 0)
+    assert await memories(db) == []  # and it did not run
+
+
+async def _claim_waiting(db: Database) -> None:
+    """Until the runner's claim waits for the lock (on SQLite, which cannot tell: a while)."""
+    if db.is_sqlite:
+        await asyncio.sleep(0.2)
+        return
+    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    await eventually(
+        lambda: db.read(lambda conn: bool(conn.execute(text(query)).scalar())), "claim waits"
+    )
+
+
 async def test_a_slow_job_does_not_hold_up_the_jobs_queued_behind_it(db: Database) -> None:
     """The runner fills a free slot as soon as one frees up, not once the whole batch it
     claimed has ended."""
