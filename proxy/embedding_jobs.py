@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 from sqlalchemy import Connection
 
+from policies.pricing import Usage
 from policies.vectors import EMBED_JOB_KIND, BadVector, encode
 from proxy.charges import EMBEDDING, MemoryCharges
 from proxy.embeddings import EmbeddingError, Embeddings
@@ -89,6 +90,18 @@ class MessageEmbedder:
             job.tenant_id, job.user_id, model, exchange_id=job.ref, limit=CHUNK
         )
 
+    async def _charge(self, job: JobRecord, model: str, usage: Usage | None) -> None:
+        """Charge what the embedding used (None: nothing paid for), whatever becomes of the
+        vectors."""
+        if usage is None:
+            return
+        try:
+            await self.charges.charge(
+                job.tenant_id, job.ref, kind=EMBEDDING, model=model, usage=usage
+            )
+        except StorageError as exc:
+            log.error("embedding_cost_not_recorded", job=job.pk, error=str(exc))
+
     async def __call__(self, job: JobRecord) -> Apply:
         embedder = self.embeddings.embedder(job.tenant_id)
         if embedder is None:
@@ -101,14 +114,9 @@ class MessageEmbedder:
         try:
             embedded = await embedder.embed([m.text for m in pending])
         except EmbeddingError as exc:
+            await self._charge(job, model, exc.paid)
             raise JobFailed(str(exc)) from exc
-        if embedded.usage is not None:  # paid for, whatever becomes of the vectors
-            try:
-                await self.charges.charge(
-                    job.tenant_id, job.ref, kind=EMBEDDING, model=model, usage=embedded.usage
-                )
-            except StorageError as exc:
-                log.error("embedding_cost_not_recorded", job=job.pk, error=str(exc))
+        await self._charge(job, model, embedded.usage)
         try:
             rows = [
                 NewVector(m.pk, encode(v), len(v))

@@ -48,7 +48,12 @@ EMBED_CHARS = 2000
 
 class EmbeddingError(Exception):
     """Embeddings could not be had (the upstream failed or answered nonsense, the local model
-    failed); recall goes on without them."""
+    failed); recall goes on without them. `paid`: what the calls answered before the failure
+    used (a later batch failed), which the tenant's key is billed for all the same."""
+
+    def __init__(self, message: str, paid: Usage | None = None) -> None:
+        super().__init__(message)
+        self.paid = paid
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,20 +118,28 @@ class UpstreamEmbedder:
         out: list[list[float]] = []
         tokens, estimated = 0, False  # (over the batches)
         for start in range(0, len(texts), UPSTREAM_BATCH):
-            batch = [t[:EMBED_CHARS] for t in texts[start : start + UPSTREAM_BATCH]]
-            body = {"model": self.model, "input": batch, "encoding_format": "float"}
             try:
-                reply = await self.upstream.embeddings(body)
-            except EmbeddingError:
+                vectors, used = await self._batch(texts[start : start + UPSTREAM_BATCH])
+            except EmbeddingError as exc:
+                if start:  # the batches before it were answered, and billed
+                    exc.paid = Usage(tokens, 0, estimated=estimated)
                 raise
-            except Exception as exc:
-                raise EmbeddingError(
-                    f"upstream {self.upstream.name!r} could not be reached for embeddings ({exc!r})"
-                ) from exc
-            vectors, used = _parse_embeddings(reply, batch, self.upstream.name)
             out.extend(vectors)
             tokens, estimated = tokens + used.prompt_tokens, estimated or used.estimated
         return Embedded(out, Usage(tokens, 0, estimated=estimated))
+
+    async def _batch(self, texts: Sequence[str]) -> tuple[list[list[float]], Usage]:
+        batch = [t[:EMBED_CHARS] for t in texts]
+        body = {"model": self.model, "input": batch, "encoding_format": "float"}
+        try:
+            reply = await self.upstream.embeddings(body)
+        except EmbeddingError:
+            raise
+        except Exception as exc:
+            raise EmbeddingError(
+                f"upstream {self.upstream.name!r} could not be reached for embeddings ({exc!r})"
+            ) from exc
+        return _parse_embeddings(reply, batch, self.upstream.name)
 
 
 class LocalEmbedder:

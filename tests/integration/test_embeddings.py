@@ -14,6 +14,7 @@ import pytest
 
 from proxy.config import Config, ContextSettings, MemorySettings, UpstreamConfig
 from proxy.embedding_jobs import CHUNK
+from proxy.embeddings import UPSTREAM_BATCH
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, concept_embedding, error_reply
 from tests.integration.test_recall import recall_section
@@ -296,3 +297,36 @@ async def test_the_proxys_embedding_calls_are_charged_to_their_exchanges(
         return await embedded_tokens() == before + 2
 
     await eventually(charged, "the refused request's embedding counted")
+
+
+async def test_an_embedding_job_whose_later_batch_fails_is_charged_the_batches_before(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    """The first batch was answered (and billed: the fake reports 2 tokens a call); the
+    second fails, and so the attempt. What the first used still counts."""
+    base = start(fake_upstream, serve_proxy, "upstream", embedding_timeout_ms=10_000)
+    fake = fake_upstream[0]
+    last = f"note number {UPSTREAM_BATCH}"
+
+    def embed(text: str) -> list[float]:
+        if text == last:
+            raise RuntimeError("the second batch fails")  # (the fake answers 500)
+        return [0.1, 0.2, 0.3]
+
+    fake.embed = embed
+    tokens = 'memproxy_tokens_total{kind="prompt",model="text-embedding-3-small",tenant="t1"}'
+    async with await client(base) as http:
+        notes = [{"role": "user", "content": f"note number {n}"} for n in range(UPSTREAM_BATCH + 1)]
+        created = await http.post(
+            "/memory/conversations", json={"id": "notes", "user": "alice", "messages": notes}
+        )
+        assert created.status_code == 201, created.text
+
+        async def failed() -> list[dict[str, Any]]:
+            listed = (await http.get("/memory/jobs", params={"kind": "embed_messages"})).json()
+            return [j for j in listed["data"] if j["last_error"]]
+
+        (job,) = await eventually(failed, "the attempt failed")
+        assert "500" in job["last_error"]
+        charged = [x for x in (await metrics(http)).splitlines() if x.startswith(tokens)]
+        assert charged == [f"{tokens} 2.0"]

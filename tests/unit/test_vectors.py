@@ -15,7 +15,7 @@ from policies.pricing import Usage
 from policies.vectors import DTYPE, BadVector, decode, encode, normalised
 from proxy import embeddings
 from proxy.config import ConfigError, MemorySettings, UpstreamConfig
-from proxy.embeddings import UPSTREAM_BATCH, UpstreamEmbedder
+from proxy.embeddings import UPSTREAM_BATCH, EmbeddingError, UpstreamEmbedder
 from proxy.upstream.base import UpstreamReply
 from tests.conftest import make_config
 
@@ -121,3 +121,25 @@ async def test_an_upstreams_embeddings_say_what_they_used(usage: Any, expected: 
     embedded = await UpstreamEmbedder(upstream, "m").embed(["hi"] * (UPSTREAM_BATCH + 2))
     assert upstream.batches == 2 and len(embedded.vectors) == UPSTREAM_BATCH + 2
     assert embedded.usage == expected
+
+
+class FailingAfter(Answering):
+    """Answers `answered` batches, then fails."""
+
+    def __init__(self, answered: int) -> None:
+        super().__init__({"prompt_tokens": 7})
+        self.answered = answered
+
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
+        if self.batches == self.answered:
+            return UpstreamReply(503, body=b"{}")
+        return await super().embeddings(body)
+
+
+@pytest.mark.parametrize(("answered", "paid"), [(0, None), (1, Usage(7, 0)), (2, Usage(14, 0))])
+async def test_a_failed_embedding_says_what_its_answered_batches_used(
+    answered: int, paid: Usage | None
+) -> None:
+    with pytest.raises(EmbeddingError, match="answered 503") as failed:
+        await UpstreamEmbedder(FailingAfter(answered), "m").embed(["hi"] * (UPSTREAM_BATCH * 3))
+    assert failed.value.paid == paid
