@@ -10,13 +10,17 @@ Money is `Decimal` throughout, so a cost is the exact product of tokens and pric
 Usage follows OpenAI's convention, which litellm also follows: `prompt_tokens` includes cached
 (cache-read) and cache-write tokens, `completion_tokens` includes reasoning tokens. Cached
 tokens are billed at the cached rate when the model has one, reasoning tokens at the reasoning
-rate when the model has one; everything else at the plain input and output rates.
+rate when the model has one; everything else at the plain input and output rates. A model
+whose map entry has prices "above N tokens" (`input_cost_per_token_above_200k_tokens`, long
+context on Gemini 2.5 Pro, GPT-5.4) bills a call whose prompt has more than N tokens at those,
+wholly (its output and cached tokens too), as the provider and litellm do.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -25,6 +29,14 @@ MILLION = Decimal(1_000_000)
 USD_QUANTUM = Decimal("1e-10")
 USD_DIGITS = 10  # the same, for sums of costs as floats: rounded back to it
 ZERO = Decimal(0)
+# A long-context rate of litellm's model map: `input_cost_per_token_above_200k_tokens`.
+_TIERED = re.compile(r"(?:input|output)_cost_per_token_above_(\d+)(k?)_tokens")
+_TIER_RATES = {
+    "input": "input_cost_per_token",
+    "output": "output_cost_per_token",
+    "cached_input": "cache_read_input_token_cost",
+    "cache_write": "cache_creation_input_token_cost",
+}
 
 
 def _usd(value: Any) -> Decimal | None:
@@ -47,6 +59,16 @@ class Price:
     cached_input: Decimal | None = None
     cache_write: Decimal | None = None
     reasoning: Decimal | None = None
+    # (N, the price of a call whose prompt has more than N tokens), N ascending.
+    above: tuple[tuple[int, Price], ...] = ()
+
+    def for_prompt(self, prompt_tokens: int) -> Price:
+        """The price of a call with this many prompt tokens: the highest tier it is above."""
+        price = self
+        for threshold, tier in self.above:
+            if prompt_tokens > threshold:
+                price = tier
+        return price
 
     @classmethod
     def per_million(
@@ -67,13 +89,30 @@ class Price:
         output_price = _usd(entry.get("output_cost_per_token"))
         if input_price is None or output_price is None:
             return None
-        return cls(
+        base = cls(
             input=input_price,
             output=output_price,
             cached_input=_usd(entry.get("cache_read_input_token_cost")),
             cache_write=_usd(entry.get("cache_creation_input_token_cost")),
             reasoning=_usd(entry.get("output_cost_per_reasoning_token")),
         )
+        thresholds = {
+            (int(m[1]) * (1000 if m[2] else 1), f"{m[1]}{m[2]}")
+            for m in map(_TIERED.fullmatch, entry)
+            if m is not None
+        }
+        tiers: list[tuple[int, Price]] = []
+        price = base
+        for threshold, written in sorted(thresholds):
+            # Each tier's rates, and what it leaves out as in the tier below (as litellm).
+            rates: dict[str, Any] = {
+                field: rate
+                for field, key in _TIER_RATES.items()
+                if (rate := _usd(entry.get(f"{key}_above_{written}_tokens"))) is not None
+            }
+            price = replace(price, **rates)
+            tiers.append((threshold, price))
+        return replace(base, above=tuple(tiers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +172,8 @@ def parse_usage(usage: Any) -> Usage | None:
 
 
 def cost(usage: Usage, price: Price) -> Decimal:
-    """USD for `usage` at `price`."""
+    """USD for `usage` at `price` (its tier for the usage's prompt)."""
+    price = price.for_prompt(usage.prompt_tokens)
     cached = min(usage.cached_tokens, usage.prompt_tokens)
     written = min(usage.cache_write_tokens, usage.prompt_tokens - cached)
     plain_input = usage.prompt_tokens - cached - written

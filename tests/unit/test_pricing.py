@@ -52,6 +52,36 @@ def test_an_override_is_found_with_a_provider_prefix_too() -> None:
     assert exact.cost("openai/gpt-4o-mini", Usage(1_000_000, 0)) == 1
 
 
+def test_a_long_prompt_is_billed_at_the_models_long_context_rates() -> None:
+    """gemini-2.5-pro in the bundled map: $1.25 / $10 per million tokens (cached $0.125), and
+    $2.50 / $15 (cached $0.25) for the whole call once the prompt is over 200k tokens."""
+    book = PriceBook({}, ModelCatalog.load().info)
+    at_threshold = Usage(200_000, 1000, cached_tokens=100_000)
+    # 100,000 plain and 100,000 cached input tokens, 1,000 output.
+    assert book.cost("gemini-2.5-pro", at_threshold) == Decimal("0.1475")
+    above = Usage(200_001, 1000, cached_tokens=100_000)
+    assert book.cost("gemini-2.5-pro", above) == Decimal("0.2900025")
+
+
+def test_each_tier_keeps_the_rates_it_does_not_name_from_the_one_below() -> None:
+    entry = {
+        "input_cost_per_token": 1e-6,
+        "output_cost_per_token": 2e-6,
+        "cache_read_input_token_cost": 1e-7,
+        "input_cost_per_token_above_128k_tokens": 3e-6,
+        "cache_read_input_token_cost_above_128k_tokens": 3e-7,
+        "output_cost_per_token_above_1000000_tokens": 9e-6,
+        "input_cost_per_token_above_128k_tokens_priority": 1.0,  # another service tier's
+    }
+    price = Price.from_model_map(entry)
+    assert price is not None
+    assert [t for t, _ in price.above] == [128_000, 1_000_000]
+    assert cost(Usage(128_000, 10), price) == Decimal("0.12802")  # not above: the plain rates
+    assert cost(Usage(128_001, 10, cached_tokens=1), price) == Decimal("0.3840203")
+    # Above both: the million's output rate, and the 128k tier's input rates.
+    assert cost(Usage(1_000_001, 10), price) == Decimal("3.000093")
+
+
 def test_unknown_model_is_unpriced_never_zero() -> None:
     book = PriceBook({}, ModelCatalog.load().info)
     assert book.price("my-own-finetune-xyz") is None
