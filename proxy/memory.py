@@ -159,11 +159,11 @@ class TokenCounter:
         return known if known is not None else count_message(message, self.model)
 
 
-def _answered_meanwhile(
+def answered_since(
     conversations: Conversations, as_begun: ConversationRecord, reply_to: int
 ) -> bool:
-    """Whether another attempt at this turn (the message at seq `reply_to`) stored a complete
-    reply to it after it began. A reply to an overlapping turn stored meanwhile is not one;
+    """Whether an attempt at this turn (the message at seq `reply_to`) stored a complete reply
+    to it after `as_begun` (the conversation as an attempt began). A reply to an overlapping turn stored meanwhile is not one;
     nor is a partial reply, nor an imported message. An assistant message without
     `reply_to` (one a client sent back in its history, or a reply stored before replies
     named their turn) counts when it comes right after the turn."""
@@ -662,7 +662,7 @@ def finish_in(
             )
             if fresh is None:  # deleted meanwhile: the reply goes nowhere, nor any job
                 conv = None
-            elif _answered_meanwhile(conversations, conv, reply_to):
+            elif answered_since(conversations, conv, reply_to):
                 # Another attempt at the same turn (a retry that overtook this one)
                 # answered it first: keep this reply for the record, outside the chain.
                 # (A turn stored meanwhile is answered after it: the reply follows it.)

@@ -39,6 +39,7 @@ from proxy.memory import (
     Outcome,
     TokenCounter,
     Turn,
+    answered_since,
     finish_in,
     opening,
 )
@@ -450,9 +451,17 @@ class SpillReplayer:
         turn = Turn(found.request_id, found.tenant_id, found.user_id, mode, found.model, conv)
         turn.reply_to = found.reply_to
         flags = (outcome.data.get("turn") if outcome else None) or {}
-        # Without the live turn's word, a reply is stored where the turn stored messages of
-        # its own (not for the retry of an answered turn, which stored none).
-        store = flags.get("store_reply", mode == "full" and last is not None)
+        store = flags.get("store_reply")
+        if store is None and conv is not None:
+            # Without the live turn's word, as a live turn decides: a reply is stored unless
+            # the turn was answered already (a retry of an answered turn stores none; a
+            # retry, which stores no messages of its own, of an unanswered one does).
+            answered = found.reply_to is None or answered_since(
+                conversations,
+                dataclasses.replace(conv, next_seq=found.reply_to + 1),
+                found.reply_to,
+            )
+            store = mode == "full" and (last is not None or not answered)
         turn.store_reply = conv is not None and bool(store)
         self._flag(turn, flags)
         return turn

@@ -427,6 +427,23 @@ async def test_the_retry_of_an_answered_turn_does_not_store_its_reply_again(
     assert (await exchange(db, retry.request_id)).status == "complete"
 
 
+async def test_the_retry_of_an_unanswered_turn_stores_its_reply_from_a_later_round(
+    db: Database, spill: SpillFile
+) -> None:
+    """The retry stores no messages of its own; its turn was replayed in one round (still
+    streaming) and its outcome in the next, without the live turn's word on the reply."""
+    memory = ConversationMemory(db)
+    first = await begin(memory, [user("u1")], conversation_id="c1")
+    await memory.finish(first, Outcome("error", 502, error="the upstream failed"))
+    at = datetime.now(UTC)
+    await spill_turn(spill, "req_retry", "u1", None, at=at)
+    assert await replayer(spill, db).replay() == {"begun": 1}
+    outcome = spilled_outcome("t1", "alice", "req_retry", at, reply("a1"), turn=None)
+    await spill.add(outcome, bounded=False)
+    assert await replayer(spill, db).replay() == {"replayed": 1}
+    assert await messages(db) == [("user", "u1", "complete"), ("assistant", "a1", "complete")]
+
+
 async def test_a_replayed_retry_answers_its_original_turn_past_a_turn_stored_meanwhile(
     db: Database, spill: SpillFile
 ) -> None:
