@@ -163,10 +163,10 @@ def answered_since(
     conversations: Conversations, as_begun: ConversationRecord, reply_to: int
 ) -> bool:
     """Whether an attempt at this turn (the message at seq `reply_to`) stored a complete reply
-    to it after `as_begun` (the conversation as an attempt began). A reply to an overlapping turn stored meanwhile is not one;
-    nor is a partial reply, nor an imported message. An assistant message without
-    `reply_to` (one a client sent back in its history, or a reply stored before replies
-    named their turn) counts when it comes right after the turn."""
+    to it after `as_begun` (the conversation as an attempt began). A reply to an overlapping
+    turn stored meanwhile is not one; nor is a partial reply, nor an imported message. An
+    assistant message without `reply_to` (one a client sent back in its history, or a reply
+    stored before replies named their turn) counts when it comes right after the turn."""
     replies = conversations.replies_after(as_begun.tenant_id, as_begun.pk, as_begun.next_seq - 1)
     for seq, status, meta in replies:
         if "reply_to" not in meta:
