@@ -153,9 +153,11 @@ class SpillFile:
             batch.added = added
         return batch
 
-    def _settled(self, entries: list[Spilled], added: int) -> None:
-        """A round stored `entries`: their users hold nothing more unless added since."""
-        for key in {(e.tenant_id, e.user_id) for e in entries}:
+    def _settled(self, entries: list[Spilled], left: list[Spilled], added: int) -> None:
+        """A round stored `entries` and `left` the rest: the users of the first hold nothing
+        more unless they have some of the rest, or added some since."""
+        waiting = {(e.tenant_id, e.user_id) for e in left if e.holds_user}
+        for key in {(e.tenant_id, e.user_id) for e in entries} - waiting:
             if self._users.get(key, 0) <= added:
                 self._users.pop(key, None)
 
@@ -177,8 +179,11 @@ class SpillFile:
             return None
         try:
             with _locked(self._lock):
-                if not self.replaying.exists() and _size(self.path) > 0:
-                    self.path.rename(self.replaying)
+                if _size(self.path) > 0:
+                    if not self.replaying.exists():
+                        self.path.rename(self.replaying)
+                    else:  # what a round left, then what came since: all of it, in order
+                        _join(self.replaying, self.path)
             entries = self._read(self.replaying) if self.replaying.exists() else []
         except BaseException:
             os.close(holder)
@@ -265,7 +270,7 @@ class SpillRound:
 
         await asyncio.to_thread(close)
         gone = {id(e) for e in left}
-        self.spill._settled([e for e in self.entries if id(e) not in gone], self.added)
+        self.spill._settled([e for e in self.entries if id(e) not in gone], left, self.added)
 
 
 def _of(line: bytes, tenant_id: str, user_id: str) -> bool:
@@ -305,6 +310,15 @@ def _rewrite(path: Path, data: bytes) -> None:
 
 def _append(path: Path, data: bytes) -> None:
     _write_synced(path, data, os.O_APPEND)
+
+
+def _join(path: Path, after: Path) -> None:
+    """Move `after`'s lines to the end of `path` (a crash between the two leaves them in
+    both: replayed twice, which is harmless)."""
+    if not _ends_a_line(path):
+        _append(path, b"\n")  # (a torn line's fragment ends there, and is set aside alone)
+    _append(path, after.read_bytes())
+    after.unlink()
 
 
 def _write_synced(path: Path, data: bytes, mode: int) -> None:

@@ -169,6 +169,22 @@ def intent_part(cost: float, at: str) -> dict[str, Any]:
     }
 
 
+async def test_a_user_waits_for_a_turn_spilled_after_a_round_that_did_not_finish(
+    db: Database, spill: SpillFile
+) -> None:
+    """The round's entries were kept for the next one; the user's next turn was spilled
+    after them. Their turn after that must come after both."""
+    await spill_turn(spill, "r1", "first", "one")
+    batch = await spill.take()
+    assert batch is not None
+    await batch.close(left=batch.entries)  # (the database went away again)
+    await spill_turn(spill, "r2", "second", "two")
+    assert await replayer(spill, db).replay() == {"replayed": 2}
+    assert not spill.holds("t1", "alice")
+    await begin(ConversationMemory(db), [user("third")], conversation_id="c1")
+    assert [m[1] for m in await messages(db) if m[0] == "user"] == ["first", "second", "third"]
+
+
 async def test_the_costs_of_a_degraded_exchange_are_added_once_after_it(
     db: Database, spill: SpillFile
 ) -> None:

@@ -67,12 +67,12 @@ async def test_entries_added_during_a_round_wait_for_the_next_and_a_failed_round
     await spill.add(entry("r2"), bounded=True)
     assert [e.request_id for e in batch.entries] == ["r1"]
     await batch.close(left=batch.entries)  # (the database went away)
+    # The next round takes what that one left, then what came since: all of it, in order
+    # (so a user is never settled while an entry of theirs waits in the other file).
     again = await spill.take()
-    assert again is not None and [e.request_id for e in again.entries] == ["r1"]
+    assert again is not None and [e.request_id for e in again.entries] == ["r1", "r2"]
     await again.close(left=[])
-    last = await spill.take()
-    assert last is not None and [e.request_id for e in last.entries] == ["r2"]
-    await last.close(left=[])
+    assert await spill.take() is None and spill.size() == 0
 
 
 async def test_a_torn_last_line_and_a_garbled_line_are_set_aside_once(tmp_path: Path) -> None:
@@ -145,6 +145,35 @@ async def test_a_user_is_held_until_a_round_stores_everything_of_theirs(tmp_path
     fresh = SpillFile(spill.path, 10_000)
     await fresh.load()
     assert fresh.holds("t1", "carol") and not fresh.holds("t1", "alice")
+
+
+async def test_a_user_with_an_entry_a_round_left_stays_held(tmp_path: Path) -> None:
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    await spill.add(entry("r2", user="bob"), bounded=True)
+    await spill.add(entry("r1", "outcome"), bounded=False)
+    batch = await spill.take()
+    assert batch is not None
+    await batch.close(left=batch.entries[2:])  # alice's turn stored, not yet her outcome
+    assert spill.holds("t1", "alice") and not spill.holds("t1", "bob")
+
+
+async def test_after_a_restart_a_round_settles_no_one_whose_entry_still_waits(
+    tmp_path: Path,
+) -> None:
+    """A round cut short at shutdown left its entries; the drain added more after them."""
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None
+    await batch.close(left=batch.entries)
+    await spill.add(entry("r2"), bounded=True)
+    restarted = SpillFile(spill.path, 10_000)
+    await restarted.load()
+    first = await restarted.take()
+    assert first is not None and [e.request_id for e in first.entries] == ["r1", "r2"]
+    await first.close(left=first.entries[1:])
+    assert restarted.holds("t1", "alice")  # r2 waits still
 
 
 def test_entries_group_by_request_in_first_appearance_order() -> None:
