@@ -109,10 +109,48 @@ class Attached:
 NOTHING_ATTACHED = Attached()
 
 
-async def _chunked(text: str) -> list[tuple[str, int]]:
+async def chunked(text: str) -> list[tuple[str, int]]:
+    """A document's passages and their token counts (a long one's off the event loop)."""
     if len(text) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(counted_chunks, text)
     return counted_chunks(text)
+
+
+Chunked = Sequence[tuple[Inline, list[tuple[str, int]]]]
+
+
+def store_documents(
+    conn: Connection,
+    *,
+    request_id: str,
+    tenant_id: str,
+    user_id: str,
+    conversation_pk: int,
+    documents: Chunked,
+    now: datetime,
+) -> None:
+    """Store a request's inline documents (with their passages, `chunked`) with its
+    conversation; one the conversation has already (the same text) is not stored again."""
+    repo = Attachments(conn)
+    have = repo.content_hashes(tenant_id, conversation_pk)
+    for doc, chunks in documents:
+        content = doc.content or ""
+        if content_hash(content) in have:
+            continue
+        have.add(content_hash(content))
+        repo.create(
+            tenant_id,
+            user_id,
+            conversation_pk,
+            new_attachment_id(),
+            content=content,
+            chunks=chunks,
+            now=now,
+            origin="inline",
+            title=doc.title,
+            source=doc.source,
+            exchange_id=request_id,
+        )
 
 
 class Artifacts:
@@ -170,30 +208,16 @@ class Artifacts:
         documents = [i for i in inline if i.content is not None]
         if not documents:
             return True
-        prepared = [(doc, await _chunked(doc.content or "")) for doc in documents]
-        now = datetime.now(UTC)
-
-        def work(conn: Connection) -> None:
-            repo = Attachments(conn)
-            have = repo.content_hashes(tenant_id, conversation_pk)
-            for doc, chunks in prepared:
-                content = doc.content or ""
-                if content_hash(content) in have:
-                    continue
-                have.add(content_hash(content))
-                repo.create(
-                    tenant_id,
-                    user_id,
-                    conversation_pk,
-                    new_attachment_id(),
-                    content=content,
-                    chunks=chunks,
-                    now=now,
-                    origin="inline",
-                    title=doc.title,
-                    source=doc.source,
-                    exchange_id=request_id,
-                )
+        prepared = [(doc, await chunked(doc.content or "")) for doc in documents]
+        work = partial(
+            store_documents,
+            request_id=request_id,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_pk=conversation_pk,
+            documents=prepared,
+            now=datetime.now(UTC),
+        )
 
         try:
             await self.memory.in_time(self.db.write(work))
@@ -241,26 +265,28 @@ class Artifacts:
         if budget <= 0 or (conversation_pk is None and not refs and not unstored):
             return attached
         terms = query_terms(question)
+        sources, hits = NO_SOURCES, dict[tuple[int, int], float]()
         try:
-            sources, hits = await self.memory.in_time(
-                self.db.read(
-                    lambda conn: read_sources(
-                        conn,
-                        tenant_id,
-                        user_id,
-                        conversation_pk,
-                        conversation_end - TOOL_WINDOW,
-                        refs,
-                        terms,
-                        settings.tool_results,
-                        budget,
+            if conversation_pk is not None or refs:  # (else the request's own text alone)
+                sources, hits = await self.memory.in_time(
+                    self.db.read(
+                        lambda conn: read_sources(
+                            conn,
+                            tenant_id,
+                            user_id,
+                            conversation_pk,
+                            conversation_end - TOOL_WINDOW,
+                            refs,
+                            terms,
+                            settings.tool_results,
+                            budget,
+                        )
                     )
                 )
-            )
         except StorageError as exc:  # the request's own documents go in all the same
             log.warning("attachments_not_read", request_id=request_id, error=str(exc))
             attached.storage_failed = True
-            sources, hits, unstored = NO_SOURCES, {}, documents
+            unstored = documents
         # (Chunking tool results and scoring unindexed text is CPU work: off the event loop.)
         artifacts = await asyncio.to_thread(artifacts_of, sources, in_prompt_calls)
         known = {a.content_hash for a in sources.stored}
@@ -268,7 +294,7 @@ class Artifacts:
             content = doc.content or ""
             if content_hash(content) in known:
                 continue  # among the stored ones read (e.g. a write that timed out landed)
-            chunks = await _chunked(content)
+            chunks = await chunked(content)
             artifacts.append(
                 Artifact.of_text(
                     f"inline:{i}", "attachment", doc.title, chunks, content_hash(content)

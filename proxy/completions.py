@@ -612,6 +612,7 @@ class ChatExchange:
                 "Memory storage is unavailable.", code="memory_unavailable"
             ) from error
         entry = spilled_turn(
+            documents=[i for i in self.inline if i.content is not None],
             request_id=self.request_id,
             tenant_id=tenant_id,
             user_id=self.ext.user_id,
@@ -693,11 +694,13 @@ class ChatExchange:
         request's own go in every mode; the conversation's not in mode `off` nor when an intent
         policy says `memory: false`."""
         turn, tenant = self.turn, self.principal.tenant
-        if turn is None:
-            return NOTHING_ATTACHED
-        keep = turn.conversation if turn.mode == "full" and self.inline else None
-        conversation = turn.conversation if turn.mode != "off" and use_memory else None
-        if (conversation is None or turn.opened) and not self.inline:
+        # (No turn: storage is away. The request's own documents go in all the same; the
+        # spill keeps them with the turn, stored with it when the database is back.)
+        keep = conversation = None
+        if turn is not None:
+            keep = turn.conversation if turn.mode == "full" and self.inline else None
+            conversation = turn.conversation if turn.mode != "off" and use_memory else None
+        if (conversation is None or (turn is not None and turn.opened)) and not self.inline:
             return NOTHING_ATTACHED  # (a conversation this turn opened holds none yet)
         ctx = tenant.context
         room = int(ctx.token_budget * tenant.attachments.share)
@@ -717,9 +720,9 @@ class ChatExchange:
         try:  # (what the database fails to do in time is left out inside, and recorded)
             attached = await artifacts.attach(
                 tenant,
-                request_id=turn.request_id,
-                tenant_id=turn.tenant_id,
-                user_id=turn.user_id,
+                request_id=self.request_id,
+                tenant_id=self.principal.tenant_id,
+                user_id=self.ext.user_id,
                 conversation_pk=conversation.pk if conversation else None,
                 conversation_id=conversation.id if conversation else None,
                 conversation_end=conversation.next_seq if conversation else 0,

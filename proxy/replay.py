@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -28,6 +28,7 @@ from typing import Any, cast
 import structlog
 from sqlalchemy import Connection
 
+from proxy.artifacts import Chunked, chunked, store_documents
 from proxy.charges import add_part
 from proxy.config import Config, TenantConfig
 from proxy.errors import ProxyError
@@ -44,6 +45,7 @@ from proxy.memory import (
     opening,
 )
 from proxy.metrics import Metrics
+from proxy.requests import Inline
 from proxy.spill import Spilled, SpillFile
 from storage.errors import ConflictError, StorageError, StorageUnavailable
 from storage.records import ExchangeRecord
@@ -88,9 +90,11 @@ def spilled_turn(
     messages: list[dict[str, Any]],
     upstream: str,
     stream: bool,
+    documents: Sequence[Inline] = (),
 ) -> Spilled:
-    """A turn `begin()` could not store: what it was given."""
-    data = {
+    """A turn `begin()` could not store: what it was given, and the request's inline
+    documents (`attachments` with content), stored with its conversation in mode `full`."""
+    data: dict[str, Any] = {
         "mode": mode,
         "model": model,
         "conversation_id": conversation_id,
@@ -99,6 +103,10 @@ def spilled_turn(
         "upstream": upstream,
         "stream": stream,
     }
+    if documents and mode == "full":
+        data["documents"] = [
+            {"content": d.content, "title": d.title, "source": d.source} for d in documents
+        ]
     return Spilled("turn", tenant_id, user_id, request_id, started_at, data)
 
 
@@ -306,24 +314,32 @@ class SpillReplayer:
         if tenant is None:
             raise ValueError(f"tenant {head.tenant_id!r} is no longer configured")
         model = str((request.turn or head).data.get("model", ""))
-        texts = []
+        texts, documents = [], []
         if request.turn is not None:
             for message in request.turn.data["messages"]:  # dated when sent, not today
                 message.setdefault("created_at", request.turn.at.isoformat())
             texts = list(request.turn.data["messages"])
+            for fields in request.turn.data.get("documents", []):
+                doc = Inline(**fields)
+                documents.append((doc, await chunked(doc.content or "")))
         if request.outcome and request.outcome.data.get("reply"):
             texts.append(request.outcome.data["reply"])
         count = await TokenCounter(model).prepare(texts)
-        work = partial(self._apply, request, tenant, count)
+        work = partial(self._apply, request, tenant, count, documents)
         try:
             return await self.db.write(work)
         except ConflictError:  # a live request created the same conversation just now
             return await self.db.write(work)
 
     def _apply(
-        self, request: _Request, tenant: TenantConfig, count: TokenCounter, conn: Connection
+        self,
+        request: _Request,
+        tenant: TenantConfig,
+        count: TokenCounter,
+        documents: Chunked,
+        conn: Connection,
     ) -> str:
-        result = self._apply_exchange(request, tenant, count, conn)
+        result = self._apply_exchange(request, tenant, count, documents, conn)
         if result == "erased":
             return result
         # Then what amends its record: the intent replaces the keyword one, as live; each
@@ -343,7 +359,12 @@ class SpillReplayer:
         return "amended" if wrote and result == "duplicate" else result
 
     def _apply_exchange(
-        self, request: _Request, tenant: TenantConfig, count: TokenCounter, conn: Connection
+        self,
+        request: _Request,
+        tenant: TenantConfig,
+        count: TokenCounter,
+        documents: Chunked,
+        conn: Connection,
     ) -> str:
         head = request.first
         tenant_id, user_id, request_id = head.tenant_id, head.user_id, head.request_id
@@ -370,6 +391,17 @@ class SpillReplayer:
             turn = self._resumed(conn, found, request.outcome)
         else:
             return "duplicate"
+        if documents and turn.mode == "full" and turn.conversation is not None:
+            # (Also when the turn's own write landed late: the documents were not stored.)
+            store_documents(
+                conn,
+                request_id=request_id,
+                tenant_id=tenant_id,
+                user_id=user_id,
+                conversation_pk=turn.conversation.pk,
+                documents=documents,
+                now=head.at,
+            )
         if request.outcome is None:
             return "begun"
         data = request.outcome.data

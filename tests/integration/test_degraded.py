@@ -331,6 +331,27 @@ async def test_a_slow_database_degrades_at_the_timeout_and_a_full_spill_is_a_503
         assert headers["x-memory-history-messages"] == "4"
 
 
+async def test_a_degraded_turns_own_document_is_attached_and_stored_once_it_is_back(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
+) -> None:
+    """The request's inline document goes to the model while storage is away, and the spill
+    keeps it with the turn: the replay stores it with the conversation, as live."""
+    fake, upstream_url = fake_upstream
+    settings, spill, db = on_sqlite(upstream_url, tmp_path, storage_timeout_ms=300)
+    base = serve_proxy(settings)
+    doc = {"attachments": [{"title": "notes", "content": "The launch code is PURPLE-42."}]}
+    async with sdk(base) as client:
+        with sqlite_locked(db):
+            _, headers = await say(client, "what is the code?", body=doc)
+        assert headers["x-memory-status"] == "degraded"
+        assert "PURPLE-42" in str(fake.chat_requests[-1]["messages"])
+        await eventually(lambda: has(base, 2, spill))
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
+        listed = await http.get(f"{base}/memory/conversations/c1/attachments")
+        assert listed.status_code == 200, listed.text
+        assert [(a["title"], a["origin"]) for a in listed.json()["data"]] == [("notes", "inline")]
+
+
 async def test_the_llm_intent_of_a_degraded_exchange_and_its_cost_join_its_record_once_stored(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
 ) -> None:
