@@ -108,6 +108,10 @@ class SpillFile:
         # (tenant, user) -> the number of the last entry this process added for them.
         self._users: dict[tuple[str, str], int] = {}
         self._added = 0
+        # Held by this process's replay round, from `take` to its `close`: an erasure waits
+        # on it here, not in a worker thread blocked on the file lock (erasures enough to
+        # fill the default executor would leave the round no thread to close with).
+        self._round = asyncio.Lock()
 
     async def add(self, entry: Spilled, *, bounded: bool) -> None:
         """Append and fsync `entry`. `bounded` (a new turn): SpillFull when it would not fit."""
@@ -147,9 +151,18 @@ class SpillFile:
         """The entries waiting, for one replay; None when there are none or another replay
         (another replica on this host) is running. New entries go to a fresh file meanwhile;
         a round that did not finish leaves what it did not get to for the next one."""
+        if self._round.locked():
+            return None  # (this process's round is running)
+        await self._round.acquire()
         added = self._added
-        batch = await asyncio.to_thread(self._take)
-        if batch is not None:
+        try:
+            batch = await asyncio.to_thread(self._take)
+        except BaseException:
+            self._round.release()
+            raise
+        if batch is None:
+            self._round.release()
+        else:
             batch.added = added
         return batch
 
@@ -222,9 +235,10 @@ class SpillFile:
         await asyncio.to_thread(_append, self.failed, b"".join(e.line() for e in entries))
 
     async def forget(self, tenant_id: str, user_id: str) -> int:
-        """Remove a user's entries (an erasure), waiting for a replay running now. Returns how
-        many there were."""
-        removed = await asyncio.to_thread(self._forget, tenant_id, user_id)
+        """Remove a user's entries (an erasure), waiting for a replay round running now (this
+        process's, or another replica's on this host). Returns how many there were."""
+        async with self._round:  # (another replica's round is waited for in the thread)
+            removed = await asyncio.to_thread(self._forget, tenant_id, user_id)
         self._users.pop((tenant_id, user_id), None)
         return removed
 
@@ -268,7 +282,10 @@ class SpillRound:
             finally:
                 os.close(self._holder)
 
-        await asyncio.to_thread(close)
+        try:
+            await asyncio.to_thread(close)
+        finally:
+            self.spill._round.release()
         gone = {id(e) for e in left}
         self.spill._settled([e for e in self.entries if id(e) not in gone], left, self.added)
 

@@ -4,6 +4,9 @@ an erasure scrubs a user's lines from both files."""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -126,6 +129,31 @@ async def test_forget_scrubs_a_user_from_the_file_and_the_one_being_replayed(
     await kept.close(left=[])
     assert await spill.take() is None  # (the new file held alice's only)
     assert not spill.holds("t1", "bob")  # (stored by that round)
+
+
+async def test_erasures_during_a_round_wait_for_it_without_taking_its_threads(
+    tmp_path: Path,
+) -> None:
+    """As many erasures as the default executor has threads: each used to wait for the
+    round's file lock in one, so the round had none left to close with (a deadlock)."""
+    spill = SpillFile(tmp_path / "spill.jsonl", 10_000)
+    await spill.add(entry("r1"), bounded=True)
+    await spill.add(entry("r2", user="user3"), bounded=True)
+    batch = await spill.take()
+    assert batch is not None
+    workers = min(32, (os.cpu_count() or 1) + 4)  # asyncio's default executor's size
+    erasures = [asyncio.create_task(spill.forget("t1", f"user{i}")) for i in range(workers)]
+    await asyncio.sleep(0.2)
+    assert not any(e.done() for e in erasures)  # they wait for the round
+    try:
+        await asyncio.wait_for(batch.close(left=batch.entries), 5)
+    except TimeoutError:
+        fcntl.flock(batch._holder, fcntl.LOCK_UN)  # (let the threads go, so the test ends)
+        raise
+    assert sorted(await asyncio.gather(*erasures)) == [0] * (workers - 1) + [1]
+    again = await spill.take()  # user3's entry went with the erasure
+    assert again is not None and [e.request_id for e in again.entries] == ["r1"]
+    await again.close(left=[])
 
 
 async def test_a_user_is_held_until_a_round_stores_everything_of_theirs(tmp_path: Path) -> None:
