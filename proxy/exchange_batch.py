@@ -59,6 +59,9 @@ class DeferredExchanges:
             await self.flush()
         finally:
             self._flusher = None
+            if self._rows and not self._closed:  # added while this batch was written
+                self._sleeping = True
+                self._flusher = asyncio.create_task(self._flush_soon())
 
     async def settle(self) -> None:
         """Write the records still waiting, after any batch being written now: a management
@@ -76,21 +79,26 @@ class DeferredExchanges:
         try:
             await self.db.write(partial(_insert_finished, rows))
         except StorageUnavailable as exc:
-            # They wait in the spill for the database.
-            log.warning("exchanges_spilled", count=len(rows), error=str(exc))
-            for row in rows:
-                try:
-                    await self.spill.add(spilled_record(row), bounded=False)
-                except OSError as lost:
-                    request_id = row["request_id"]
-                    log.error("exchange_not_recorded", request_id=request_id, error=str(lost))
+            await self._spill(rows, exc)
         except StorageError:
             # One bad row must not cost the others their records.
-            for row in rows:
+            for n, row in enumerate(rows):
                 try:
                     await self.db.write(partial(_insert_finished, [row]))
+                except StorageUnavailable as exc:  # (gone meanwhile: the rest waits too)
+                    await self._spill(rows[n:], exc)
+                    return
                 except StorageError as exc:
                     log.error("exchange_not_recorded", request_id=row["request_id"], error=str(exc))
+
+    async def _spill(self, rows: list[dict[str, Any]], error: StorageError) -> None:
+        """They wait in the spill for the database."""
+        log.warning("exchanges_spilled", count=len(rows), error=str(error))
+        for row in rows:
+            try:
+                await self.spill.add(spilled_record(row), bounded=False)
+            except OSError as lost:
+                log.error("exchange_not_recorded", request_id=row["request_id"], error=str(lost))
 
     async def close(self) -> None:
         """Write everything waiting, including a batch being written right now."""

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import sqlite3
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.pricing import Usage
 from proxy.config import ContextSettings
@@ -26,6 +30,7 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
+from tests.polling import eventually
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 _request_ids = itertools.count(1)
@@ -440,6 +445,49 @@ async def test_off_mode_records_are_written_in_one_batch_and_flushed_on_close(
     for turn in turns:
         record = await exchange_of(db, turn)
         assert (record.status, record.mode, record.prompt_tokens) == ("complete", "off", 7)
+
+
+async def test_a_mode_off_record_added_while_a_batch_is_written_goes_in_the_next(
+    db: Database, memory: ConversationMemory, tmp_path: Path
+) -> None:
+    """The batch's write waits behind another connection's lock; a record added meanwhile
+    was left waiting in memory, with no batch to come for it."""
+    deferred = DeferredExchanges(db, SpillFile(tmp_path / "spill.jsonl", 2**20), delay=0.01)
+    first, second = [await begin(memory, [user(q)], mode="off") for q in ("q1", "q2")]
+    done = Outcome("complete", http_status=200, bill=Bill(Usage(7, 0), None))
+    async with holding_writes(db, "exchanges"):
+        deferred.add(first, done)
+        await asyncio.sleep(0.3)  # its batch is being written, waiting for the lock
+        deferred.add(second, done)
+    for turn in (first, second):
+        await eventually(
+            lambda t=turn: db.read(lambda c: Exchanges(c).get("t1", t.request_id)),
+            f"{turn.request_id} recorded",
+            attempts=250,
+        )
+    await deferred.close()
+
+
+@contextlib.asynccontextmanager
+async def holding_writes(db: Database, table: str) -> AsyncIterator[None]:
+    """Another connection's lock that writes to `table` wait for, while in the block: the
+    SQLite file's write lock, or PostgreSQL's table lock."""
+    if db.is_sqlite:
+        holder = sqlite3.connect(db.url.split(":///", 1)[1], isolation_level=None, timeout=1)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    engine = create_async_engine(db.url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"LOCK TABLE {table} IN EXCLUSIVE MODE"))
+            yield
+    finally:
+        await engine.dispose()
 
 
 async def test_a_retry_that_overtakes_its_original_leaves_one_reply_in_the_chain(
