@@ -290,6 +290,7 @@ class ChatExchange:
         self.assembly: Assembly | None = None
         self.degraded = False
         self.spilled = False  # the turn went to the spill (storage was down)
+        self.recall_failed = False  # recall's read failed or was too slow
         self.started_at = now()
         self.attached: dict[str, Any] = {}
         self.sent_messages: list[dict[str, Any]] = body["messages"]
@@ -530,6 +531,11 @@ class ChatExchange:
         )
         history = summarized.history
         found = await self._recall(history, recall_budget) if use_memory else NOTHING
+        self._note_skipped(
+            attachments=attached.storage_failed,
+            summary=(summarized.record or {}).get("reason") == "unavailable",
+            recall=self.recall_failed,
+        )
         section = _with_attachments(found.section, attached)
         if history or section is not None:
             client_tokens = None
@@ -559,6 +565,17 @@ class ChatExchange:
         if attached.items or attached.storage_failed:
             self.attached["attachments"] = attached.record(sent=sent)
 
+    def _note_skipped(self, **failed: bool) -> None:
+        """Parts of memory storage failed (or was too slow) for after the turn was stored:
+        the request goes on without them, answered `degraded` and counted (reason
+        `partial`)."""
+        skipped = [part for part, yes in failed.items() if yes]
+        if not skipped:
+            return
+        self.degraded = True
+        self.services.metrics.degraded.labels(self.principal.tenant_id, "partial").inc()
+        log.warning("memory_partly_skipped", request_id=self.request_id, parts=skipped)
+
     def _attached_record(self, assembly: Assembly | None, recalled: Recall) -> dict[str, Any]:
         """What the exchange record says was attached (`attached`)."""
         record = {
@@ -570,6 +587,8 @@ class ChatExchange:
         }
         if self.attached_by_policy is not None:
             record["intent_policy"] = self.attached_by_policy
+        if self.recall_failed:
+            record["recall_storage"] = "unavailable"
         return record
 
     async def _after_spilled_turns(self) -> None:
@@ -787,7 +806,7 @@ class ChatExchange:
             )
         except StorageError as exc:  # recall is an addition: without it the request goes on
             log.warning("recall_failed", request_id=self.request_id, error=str(exc))
-            found = NOTHING
+            found, self.recall_failed = NOTHING, True
         self.recall_ms = round((time.perf_counter() - started) * 1000, 3)
         return found
 

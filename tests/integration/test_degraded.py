@@ -708,6 +708,8 @@ async def test_a_request_with_a_document_is_answered_while_storage_is_slow_after
         events.append("storage back")
         assert events == ["storage slow", "answered", "storage back"]
         reply = raw.parse().choices[0].message.content
+        # The turn was stored, but what it could not store or read was skipped.
+        assert raw.headers["x-memory-status"] == "degraded"
         sent = fake.chat_requests[-1]
         assert [m["role"] for m in sent["messages"]] == ["system", "user"]
         assert GIST in sent["messages"][0]["content"]  # the summary the plan asked for
@@ -733,6 +735,58 @@ async def test_a_request_with_a_document_is_answered_while_storage_is_slow_after
         _, headers_again = await say(client, question, body=attachments)
         assert headers_again["x-memory-status"] == "ok"
         assert await _documents(base) == [REPORT]
+
+
+# (On SQLite a reader never waits for a lock: its reads fail only with the disk.)
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_a_turn_whose_recall_cannot_be_read_in_time_is_answered_degraded(
+    database_url: str,
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: ServeProxy,
+    tmp_path: Path,
+) -> None:
+    """The database turns slow for reads once the turn is stored (while the classifier holds
+    its reply): recall gives up at the timeout, and the answer, without the user's
+    memories, says so."""
+    fake, upstream_url = fake_upstream
+    settings = config(upstream_url, database_url, tmp_path / "spill.jsonl")
+    settings.tenants["open"] = TenantConfig(
+        api_keys=[OPEN],
+        upstream="main",
+        intent=IntentSettings(mode="llm", wait_for_llm=True, timeout_ms=120_000),
+    )
+    fake.script = [model_said('{"label": "question", "confidence": 0.9}')]
+    base = serve_proxy(settings)
+    async with sdk(base) as client:
+        _, headers = await say(client, "my cat is called Tom", "c0")
+        assert headers["x-memory-status"] == "ok"
+        fake.script = [
+            dataclasses.replace(model_said('{"label": "question", "confidence": 0.9}'), hold=True)
+        ]
+        fake.release.clear()
+        asked = asyncio.ensure_future(say(client, "what is my cat called?", "c1"))
+        await eventually(lambda: _arrived(fake, 3))  # the turn is stored; its intent asked
+        async with memories_locked(database_url):
+            fake.release.set()
+            _, headers = await asked
+    assert headers["x-memory-status"] == "degraded"
+    assert metric(base, "memproxy_memory_degraded_requests_total", 'reason="partial"') == 1
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {OPEN}"}) as http:
+        got = await http.get(f"{base}/memory/exchanges/{headers['x-request-id']}")
+    assert got.json()["attached"]["recall_storage"] == "unavailable"
+
+
+@contextlib.asynccontextmanager
+async def memories_locked(database_url: str) -> AsyncIterator[None]:
+    """Reads of the user's memories (recall's first read) wait while in the block: the table
+    is locked by another transaction."""
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.connect() as conn, conn.begin():
+            await conn.execute(text("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE"))
+            yield  # (rolled back on the way out)
+    finally:
+        await engine.dispose()
 
 
 async def _arrived(fake: FakeOpenAI, count: int) -> bool:
