@@ -252,9 +252,13 @@ class SpillReplayer:
         """Before a live turn of a user whose earlier turns wait in the spill: replay them
         first, so they go in before it, in order, and its conversation is found. False if
         some still wait (the live turn must then wait in the spill too). A caller that stops
-        waiting does not stop the round."""
+        waiting does not stop the round. The spill's own files failing (a full or broken
+        disk) is logged, and the turn waits too (which that failing, is refused with 503)."""
         if self.spill.holds(tenant_id, user_id):
-            await asyncio.shield(self.replay())
+            try:
+                await asyncio.shield(self.replay())
+            except OSError as exc:
+                log.error("spill_replay_failed", error=str(exc))
         return not self.spill.holds(tenant_id, user_id)
 
     async def _replay_round(self) -> dict[str, int]:

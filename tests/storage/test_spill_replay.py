@@ -185,6 +185,18 @@ async def test_a_user_waits_for_a_turn_spilled_after_a_round_that_did_not_finish
     assert [m[1] for m in await messages(db) if m[0] == "user"] == ["first", "second", "third"]
 
 
+async def test_a_spill_that_cannot_be_read_holds_its_users_turn_rather_than_failing_it(
+    db: Database, spill: SpillFile
+) -> None:
+    """The file a round takes cannot be written (here a directory stands in its place): the
+    user's next turn is told their earlier ones still wait, not handed the OSError (a 500)."""
+    await spill_turn(spill, "r1", "first", "one")
+    spill.replaying.mkdir()
+    assert await replayer(spill, db).catch_up("t1", "alice") is False
+    spill.replaying.rmdir()
+    assert await replayer(spill, db).catch_up("t1", "alice") is True
+
+
 async def test_the_costs_of_a_degraded_exchange_are_added_once_after_it(
     db: Database, spill: SpillFile
 ) -> None:
