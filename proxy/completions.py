@@ -628,7 +628,9 @@ class ChatExchange:
             reason = "circuit_open"  # (not tried: the circuit logs its opening, not each request)
         if not self.principal.tenant.fail_open:
             raise ServiceUnavailable(
-                "Memory storage is unavailable.", code="memory_unavailable"
+                "Memory storage is unavailable. Try again later.",
+                code="memory_unavailable",
+                headers={"retry-after": "5"},
             ) from error
         entry = spilled_turn(
             documents=[i for i in self.inline if i.content is not None],

@@ -219,6 +219,7 @@ async def test_a_database_outage_is_answered_degraded_and_replayed_once_it_is_ba
             await say(closed, "not without memory", "c9")
         assert refused.value.status_code == 503
         assert refused.value.response.json()["error"]["code"] == "memory_unavailable"
+        assert refused.value.response.headers["retry-after"] == "5"
         assert len(fake.chat_requests) == calls
 
         # Limits go on from what this process counted: a priced call uses the day's budget.
