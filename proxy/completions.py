@@ -718,7 +718,11 @@ class ChatExchange:
         # (No turn: storage is away. The request's own documents go in all the same; the
         # spill keeps them with the turn, stored with it when the database is back.)
         keep = conversation = None
-        if turn is not None:
+        # The anonymous user is every client that names none: a conversation found by its
+        # messages alone (the same opening) may be another client's. Its documents are kept
+        # and attached only for requests that name it; the request's own go in all the same.
+        shared = self.ext.user_id == ANONYMOUS and not self.ext.conversation_id
+        if turn is not None and not shared:
             keep = turn.conversation if turn.mode == "full" and self.inline else None
             conversation = turn.conversation if turn.mode != "off" and use_memory else None
         if (conversation is None or (turn is not None and turn.opened)) and not self.inline:

@@ -524,3 +524,62 @@ async def test_a_stored_document_larger_than_the_budget_gives_its_passage_and_it
     (asked,) = helper.chat_requests
     assert "PINEAPPLE-42" in asked["messages"][1]["content"]
     assert asked["messages"][1]["content"].count("cafeteria") == 60
+
+
+OPENING = [
+    {"role": "system", "content": "You are the help desk of Example Corp."},
+    {"role": "user", "content": "Please review the attached file."},
+]
+
+
+async def test_one_anonymous_client_never_gets_anothers_documents(
+    proxy_url: str, fake_upstream: tuple[FakeOpenAI, str]
+) -> None:
+    """Two clients naming no user (both `anonymous`) of an app whose first turn is a template.
+    A's first reply fails, its turn stored; B sends the same opening, which matches A's
+    conversation by its messages. A's document must not reach B's prompt, nor B's A's."""
+    fake = fake_upstream[0]
+    fake.script.append(error_reply(500, "upstream down"))
+    async with httpx.AsyncClient(
+        base_url=proxy_url, headers={"authorization": f"Bearer {KEY}"}
+    ) as api:
+        a = await api.post(
+            "/chat/completions",
+            json={
+                "model": "gpt-4o-mini",
+                "messages": OPENING,
+                "attachments": [{"content": "Payroll: Alice earns 91234 dollars.", "title": "pay"}],
+            },
+        )
+        assert a.status_code == 500, a.text
+        b = await api.post(
+            "/chat/completions",
+            json={
+                "model": "gpt-4o-mini",
+                "messages": OPENING,
+                "attachments": [{"content": "Bob's notes: the code is 5521.", "title": "notes"}],
+            },
+        )
+        assert b.status_code == 200, b.text
+        assert "91234" not in str(fake.chat_requests[-1]["messages"])
+        assert "5521" in str(fake.chat_requests[-1]["messages"])  # its own, all the same
+        assert b.headers["x-memory-attachments"] == "1"
+        # A named conversation of the anonymous user keeps its documents, as any user's.
+        named = {"X-Memory-Conversation-Id": "anon-chat"}
+        first = await api.post(
+            "/chat/completions",
+            headers=named,
+            json={
+                "model": "gpt-4o-mini",
+                "messages": [{"role": "user", "content": "Read this."}],
+                "attachments": [{"content": "The ferry leaves at 9.", "title": "ferry"}],
+            },
+        )
+        assert first.status_code == 200, first.text
+        later = await api.post(
+            "/chat/completions",
+            headers=named,
+            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "When?"}]},
+        )
+        assert later.status_code == 200, later.text
+        assert "The ferry leaves at 9." in str(fake.chat_requests[-1]["messages"])
