@@ -15,6 +15,7 @@ from proxy.errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_INLINE = 20  # entries of a request's `attachments`
+MAX_TITLE, MAX_SOURCE = 512, 2048  # a document's title and source, as stored
 
 
 def parse_json_object(raw: bytes, fields: Collection[str] | None = None) -> dict[str, Any]:
@@ -261,6 +262,11 @@ def parse_inline(value: Any) -> list[Inline]:
         for key in ("content", "attachment_id", "title", "source"):
             if item.get(key) is not None and not isinstance(item[key], str):
                 raise BadRequest(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
+        for key, limit in (("title", MAX_TITLE), ("source", MAX_SOURCE)):
+            if len(item.get(key) or "") > limit:
+                raise BadRequest(
+                    f"'{where}.{key}' must be at most {limit} characters.", param=f"{where}.{key}"
+                )
         if content is not None and not content.strip():
             raise BadRequest(f"'{where}.content' is empty.", param=f"{where}.content")
         found.append(Inline(content, attachment_id, item.get("title"), item.get("source")))

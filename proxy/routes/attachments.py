@@ -28,7 +28,7 @@ from proxy.config import ServerConfig
 from proxy.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
 from proxy.errors import BadRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from proxy.memory import now
-from proxy.requests import parse_json_object, refuse_unknown
+from proxy.requests import MAX_SOURCE, MAX_TITLE, parse_json_object, refuse_unknown
 from proxy.responses import json_response
 from proxy.routes.memory import MANAGE, limit_param, manage, page
 from proxy.state import AppState
@@ -37,7 +37,6 @@ from storage.repositories.attachments import Attachments, new_attachment_id
 from storage.repositories.conversations import Conversations
 
 PATH = "/v1/memory/conversations/{conversation_id:str}/attachments"
-MAX_TITLE, MAX_SOURCE = 512, 2048
 JSON_FIELDS = ("content", "title", "source", "media_type")
 FORM_FIELDS = ("file", "title", "source")
 JSON_MEDIA_TYPES = (PLAIN, MARKDOWN, HTML)

@@ -203,6 +203,8 @@ async def test_in_mode_read_a_document_is_used_but_not_stored(start: Callable[..
         ([{"content": "ok", "colour": "red"}], "attachments[0].colour"),
         ([{"content": "   "}], "attachments[0].content"),
         ([{"attachment_id": "att_nope"}], "attachments[0].attachment_id"),
+        ([{"content": "ok", "title": "t" * 513}], "attachments[0].title"),  # (as stored)
+        ([{"content": "ok", "source": "s" * 2049}], "attachments[0].source"),
     ],
 )
 async def test_bad_attachments_are_400_naming_the_field_and_store_nothing(
