@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
+from tests.integration.test_degraded import sqlite_locked
 from tests.polling import eventually
 
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -473,13 +473,8 @@ async def holding_writes(db: Database, table: str) -> AsyncIterator[None]:
     """Another connection's lock that writes to `table` wait for, while in the block: the
     SQLite file's write lock, or PostgreSQL's table lock."""
     if db.is_sqlite:
-        holder = sqlite3.connect(db.url.split(":///", 1)[1], isolation_level=None, timeout=1)
-        holder.execute("BEGIN IMMEDIATE")
-        try:
+        with sqlite_locked(Path(db.url.split(":///", 1)[1])):
             yield
-        finally:
-            holder.execute("ROLLBACK")
-            holder.close()
         return
     engine = create_async_engine(db.url)
     try:
