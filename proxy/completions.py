@@ -633,7 +633,9 @@ class ChatExchange:
                 headers={"retry-after": "5"},
             ) from error
         entry = spilled_turn(
-            documents=[i for i in self.inline if i.content is not None],
+            documents=[]
+            if self._shared_conversation
+            else [i for i in self.inline if i.content is not None],
             request_id=self.request_id,
             tenant_id=tenant_id,
             user_id=self.ext.user_id,
@@ -706,6 +708,14 @@ class ChatExchange:
             min_similarity=memory.embedding_min_similarity,
         )
 
+    @property
+    def _shared_conversation(self) -> bool:
+        """The anonymous user is every client that names none: a conversation found by its
+        messages alone (two clients opening with the same template) may be another client's.
+        Its documents are kept and attached only for requests that name it; the request's
+        own go in all the same."""
+        return self.ext.user_id == ANONYMOUS and not self.ext.conversation_id
+
     async def _attach(
         self, history: list[StoredTurn], budget: Budget, use_memory: bool
     ) -> Attached:
@@ -718,11 +728,7 @@ class ChatExchange:
         # (No turn: storage is away. The request's own documents go in all the same; the
         # spill keeps them with the turn, stored with it when the database is back.)
         keep = conversation = None
-        # The anonymous user is every client that names none: a conversation found by its
-        # messages alone (the same opening) may be another client's. Its documents are kept
-        # and attached only for requests that name it; the request's own go in all the same.
-        shared = self.ext.user_id == ANONYMOUS and not self.ext.conversation_id
-        if turn is not None and not shared:
+        if turn is not None and not self._shared_conversation:
             keep = turn.conversation if turn.mode == "full" and self.inline else None
             conversation = turn.conversation if turn.mode != "off" and use_memory else None
         if (conversation is None or (turn is not None and turn.opened)) and not self.inline:
