@@ -24,10 +24,6 @@ _ERASED_AT = select(E.c.erased_at).where(
 )
 
 
-def _key(tenant_id: str, user_id: str) -> str:
-    return f"erasure:{len(tenant_id)}:{tenant_id}:{user_id}"
-
-
 def erased_user_hash(tenant_id: str, user_id: str) -> str:
     """How an erasure record names its user (64 hex digits)."""
     return tenant_digest(tenant_id, user_id, size=32)
@@ -42,14 +38,14 @@ class Erasures:
         with every one that `share`s the lock (on PostgreSQL; SQLite has one writer at a time
         anyway): a replay then either sees the erasure or is wholly before it, and so deleted
         by it."""
-        advisory_lock(self.conn, _key(tenant_id, user_id))
+        advisory_lock(self.conn, "erasure", tenant_id, user_id)
 
     def share(self, tenant_id: str, user_id: str) -> None:
         """Let this transaction (one that stores a turn, a reply or an exchange record of the
         user) run beside others of its kind but never beside the user's erasure: it commits
         wholly before the erasure, which deletes what it wrote, or wholly after. Take it
         before any row lock (as `lock` is), so the two never wait for each other."""
-        advisory_lock(self.conn, _key(tenant_id, user_id), shared=True)
+        advisory_lock(self.conn, "erasure", tenant_id, user_id, shared=True)
 
     def record(self, tenant_id: str, user_id: str, at: datetime) -> None:
         """Note the user's erasure (after `lock`, in the erasure's own transaction)."""

@@ -158,7 +158,7 @@ class Memories:
         """Serialise this transaction with any other that locks the same user's memories, until
         it ends: a check of what they hold (`with_text`) then stays true while it writes. Two
         extraction jobs of one user deciding together both add otherwise, on PostgreSQL."""
-        advisory_lock(self.conn, f"memories:{len(tenant_id)}:{tenant_id}:{user_id}")
+        advisory_lock(self.conn, "memories", tenant_id, user_id)
 
     def with_text(self, tenant_id: str, user_id: str, folded: Sequence[str]) -> list[str]:
         """The ids of the user's memories whose text, lowercased, is one of `folded`."""

@@ -32,12 +32,16 @@ def utc_row(row: Any) -> dict[str, Any]:
     return out
 
 
-def advisory_lock(conn: Connection, key: str, *, shared: bool = False) -> None:
-    """Take PostgreSQL's advisory lock on `key` until this transaction ends (`shared`: beside
-    other shared holders, never beside an exclusive one). SQLite needs none: it has one writer
-    at a time, and a write transaction begins with its lock."""
+def advisory_lock(
+    conn: Connection, what: str, tenant_id: str, user_id: str, *, shared: bool = False
+) -> None:
+    """Take PostgreSQL's advisory lock on `what` of a tenant's user (`erasure`, `memories`)
+    until this transaction ends (`shared`: beside other shared holders, never beside an
+    exclusive one). SQLite needs none: it has one writer at a time, and a write transaction
+    begins with its lock."""
     if conn.dialect.name == "postgresql":
         function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        key = f"{what}:{len(tenant_id)}:{tenant_id}:{user_id}"
         conn.execute(text(f"SELECT {function}(hashtextextended(:key, 0))"), {"key": key})
 
 
