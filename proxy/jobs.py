@@ -3,8 +3,9 @@ them off the request path.
 
 A job's handler does the slow part (a model call) outside any transaction and returns what to
 write; the runner writes it in one transaction with the job's completion, and only while the
-job is still this worker's (`Jobs.hold`): a user erased meanwhile, or a lease another replica
-took over after this one stalled, means nothing is written. A failure (an exception, a
+job is still this attempt's (`Jobs.hold`: the worker and its count of attempts): a user erased
+meanwhile, or a lease taken over after this attempt stalled past it (by another replica, or by
+this worker's own next claim), means nothing is written. A failure (an exception, a
 `JobFailed` with the raw output that could not be used) is recorded on the job with each
 attempt's reason; the job runs again after a backoff, and is dead-lettered (`dead`, with the
 reason) when it runs out of attempts. A worker that dies mid-job leaves it `running` until its
@@ -280,13 +281,13 @@ class JobRunner:
         self.metrics.jobs.labels(job.kind, outcome).inc()
 
     def _complete(self, conn: Connection, job: JobRecord, apply: Apply, errors: list[Any]) -> bool:
-        if not Jobs(conn).hold(job.tenant_id, job.pk, self.worker):
+        if not Jobs(conn).hold(job.tenant_id, job.pk, self.worker, job.attempts):
             return False
         result = apply(conn)
         if errors:
             result = {**result, "errors": errors}
         return SystemRepository(conn).settle_job(
-            job.pk, self.worker, status="done", now=_now(), result=result
+            job.pk, self.worker, attempt=job.attempts, status="done", now=_now(), result=result
         )
 
     async def _settle(
@@ -304,6 +305,7 @@ class JobRunner:
                 lambda conn: SystemRepository(conn).settle_job(
                     job.pk,
                     self.worker,
+                    attempt=job.attempts,
                     status=status,
                     now=_now(),
                     result={"errors": errors} if errors else None,

@@ -92,11 +92,12 @@ class Jobs:
         rows = self.conn.execute(query.order_by(J.c.pk.desc()).limit(limit))
         return [job_record(r) for r in rows]
 
-    def hold(self, tenant_id: str, pk: int, worker: str) -> bool:
-        """Lock a running job for the rest of this transaction, if `worker` still holds it: a
-        job's results are written in the transaction that holds it, so a user erased
-        meanwhile (whose jobs go with them) or a lease another worker took over means its
-        results are not written at all."""
+    def hold(self, tenant_id: str, pk: int, worker: str, attempt: int) -> bool:
+        """Lock a running job for the rest of this transaction, if `worker`'s `attempt` (the
+        job's `attempts` when claimed) still holds it: a job's results are written in the
+        transaction that holds it, so a user erased meanwhile (whose jobs go with them) or a
+        lease taken over after it ran out (by another worker, or by this one's next claim)
+        means its results are not written at all."""
         row = self.conn.execute(
             select(J.c.pk)
             .where(
@@ -104,6 +105,7 @@ class Jobs:
                 J.c.pk == pk,
                 J.c.status == "running",
                 J.c.worker == worker,
+                J.c.attempts == attempt,
             )
             .with_for_update()
         ).first()

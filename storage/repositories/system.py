@@ -112,6 +112,7 @@ class SystemRepository:
         pk: int,
         worker: str,
         *,
+        attempt: int,
         status: str,
         now: datetime,
         result: dict[str, Any] | None = None,
@@ -119,9 +120,10 @@ class SystemRepository:
         run_after: datetime | None = None,
         retake: bool = False,
     ) -> bool:
-        """End `worker`'s attempt at a job: `done`, `queued` again (a retry at `run_after`) or
-        `dead`; `retake`: the attempt is given back (the worker stopped, the job did not fail).
-        False if the job is no longer the worker's (erased, or its lease was taken)."""
+        """End `worker`'s `attempt` at a job (its `attempts` when claimed): `done`, `queued`
+        again (a retry at `run_after`) or `dead`; `retake`: the attempt is given back (the worker
+        stopped, the job did not fail). False if the job is no longer that attempt's (erased,
+        or its lease was taken, by another worker or by this one again)."""
         values: dict[str, Any] = {
             "status": status,
             "worker": None,
@@ -137,7 +139,12 @@ class SystemRepository:
             values["attempts"] = J.c.attempts - 1
         outcome = self.conn.execute(
             update(J)
-            .where(J.c.pk == pk, J.c.worker == worker, J.c.status == "running")
+            .where(
+                J.c.pk == pk,
+                J.c.worker == worker,
+                J.c.attempts == attempt,
+                J.c.status == "running",
+            )
             .values(values)
         )
         return bool(outcome.rowcount)

@@ -71,18 +71,46 @@ async def test_a_claimed_job_is_nobody_elses_until_its_lease_runs_out(db: Databa
     (taken,) = await claim(db, "b", at=now() + LEASE + timedelta(seconds=1))
     assert (taken.pk, taken.worker, taken.attempts) == (mine.pk, "b", 2)
     settled = await db.write(
-        lambda conn: SystemRepository(conn).settle_job(mine.pk, "a", status="done", now=now())
+        lambda conn: SystemRepository(conn).settle_job(
+            mine.pk, "a", attempt=1, status="done", now=now()
+        )
     )
     assert not settled
     settled = await db.write(
         lambda conn: SystemRepository(conn).settle_job(
-            mine.pk, "b", status="done", now=now(), result={"ok": 1}
+            mine.pk, "b", attempt=2, status="done", now=now(), result={"ok": 1}
         )
     )
     assert settled
     done = await job(db, "req_1")
     assert (done.status, done.worker, done.result) == ("done", None, {"ok": 1})
     assert await claim(db, "c", at=now() + 2 * LEASE) == []
+
+
+async def test_an_attempt_that_outlived_its_lease_cannot_end_the_next_attempt_of_its_worker(
+    db: Database,
+) -> None:
+    """One runner's first attempt stalls past its lease and the same runner claims the job
+    again: the stale attempt neither holds the job nor settles it; the new one does both."""
+    await enqueue(db, "req_1")
+    (first,) = await claim(db, "a")
+    (second,) = await claim(db, "a", at=now() + LEASE + timedelta(seconds=1))
+    assert (second.pk, second.worker, second.attempts) == (first.pk, "a", 2)
+    assert not await db.write(lambda conn: Jobs(conn).hold("t1", first.pk, "a", first.attempts))
+    stale = await db.write(
+        lambda conn: SystemRepository(conn).settle_job(
+            first.pk, "a", attempt=first.attempts, status="dead", now=now(), error="stale"
+        )
+    )
+    assert not stale
+    assert (await job(db, "req_1")).status == "running"
+    assert await db.write(lambda conn: Jobs(conn).hold("t1", second.pk, "a", second.attempts))
+    assert await db.write(
+        lambda conn: SystemRepository(conn).settle_job(
+            second.pk, "a", attempt=second.attempts, status="done", now=now()
+        )
+    )
+    assert (await job(db, "req_1")).status == "done"
 
 
 async def test_concurrent_claims_split_the_jobs_between_workers(db: Database) -> None:
@@ -127,7 +155,7 @@ async def test_a_job_not_yet_due_waits(db: Database) -> None:
     later = now() + timedelta(minutes=1)
     await db.write(
         lambda conn: SystemRepository(conn).settle_job(
-            first.pk, "a", status="queued", now=now(), error="boom", run_after=later
+            first.pk, "a", attempt=1, status="queued", now=now(), error="boom", run_after=later
         )
     )
     assert await claim(db, "a") == []
@@ -192,11 +220,11 @@ async def test_erasing_a_user_removes_their_jobs_and_a_held_job_is_gone(db: Data
     await enqueue(db, "req_1")
     await enqueue(db, "req_2", user="bob")
     (mine, _) = await claim(db, "a")
-    assert await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "a"))
-    assert not await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "b"))
-    assert not await db.write(lambda conn: Jobs(conn).hold("t2", mine.pk, "a"))
+    assert await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "a", 1))
+    assert not await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "b", 1))
+    assert not await db.write(lambda conn: Jobs(conn).hold("t2", mine.pk, "a", 1))
     assert await db.write(lambda conn: Jobs(conn).delete_user("t1", "alice")) == 1
-    assert not await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "a"))
+    assert not await db.write(lambda conn: Jobs(conn).hold("t1", mine.pk, "a", 1))
     assert [j.user_id for j in await db.read(lambda conn: Jobs(conn).find("t1", limit=10))] == [
         "bob"
     ]

@@ -95,7 +95,7 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
         ended = {"done": ("done", T0), "dead": ("dead", T0), "new": ("done", at(1000))}
         for job in claimed:
             status, when = ended.get(job.ref, ("done", T0))
-            system.settle_job(job.pk, "w", status=status, now=when)
+            system.settle_job(job.pk, "w", attempt=1, status=status, now=when)
         requeued = next(j for j in claimed if j.ref == "queued")
         conn.execute(update(JOBS).where(JOBS.c.pk == requeued.pk).values(status="queued"))
 
