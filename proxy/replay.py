@@ -48,7 +48,7 @@ from proxy.metrics import Metrics
 from proxy.requests import Inline
 from proxy.spill import Spilled, SpillFile
 from storage.errors import ConflictError, StorageError, StorageUnavailable
-from storage.records import ExchangeRecord
+from storage.records import ConversationRecord, ExchangeRecord
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
@@ -75,6 +75,22 @@ def _dates_in(values: dict[str, Any]) -> dict[str, Any]:
         k: datetime.fromisoformat(v) if k in DATE_KEYS and isinstance(v, str) else v
         for k, v in values.items()
     }
+
+
+def _conversation_of(
+    conversations: Conversations, found: ExchangeRecord
+) -> ConversationRecord | None:
+    """The conversation an exchange begun in the database was stored in, locked, if it is
+    still that one (not another given its id since); else None."""
+    if found.conversation_id is None:
+        return None
+    return conversations.still(
+        found.tenant_id,
+        found.conversation_id,
+        found.conversation_pk,
+        found.user_id,
+        for_update=True,
+    )
 
 
 def spilled_turn(
@@ -394,18 +410,16 @@ class SpillReplayer:
         ):
             turn = self._resumed(conn, found, request.outcome)
         else:
+            # The turn's own write landed late (its documents were not stored with it), and
+            # its outcome, if any, comes in a later round: the documents go in now, or never.
+            conv = _conversation_of(Conversations(conn), found) if documents else None
+            if found.mode == "full" and conv is not None:
+                self._store(conn, head, conv.pk, documents)
+                return "amended"
             return "duplicate"
         if documents and turn.mode == "full" and turn.conversation is not None:
             # (Also when the turn's own write landed late: the documents were not stored.)
-            store_documents(
-                conn,
-                request_id=request_id,
-                tenant_id=tenant_id,
-                user_id=user_id,
-                conversation_pk=turn.conversation.pk,
-                documents=documents,
-                now=head.at,
-            )
+            self._store(conn, head, turn.conversation.pk, documents)
         if request.outcome is None:
             return "begun"
         data = request.outcome.data
@@ -461,19 +475,25 @@ class SpillReplayer:
         turn.embed = bool(flags.get("embed", wanted.embed))
         turn.summarize_through = flags.get("summarize_through")
 
+    @staticmethod
+    def _store(conn: Connection, head: Spilled, conversation_pk: int, documents: Chunked) -> None:
+        """A spilled turn's inline documents, with its conversation (those already there, by
+        their content, are not stored twice)."""
+        store_documents(
+            conn,
+            request_id=head.request_id,
+            tenant_id=head.tenant_id,
+            user_id=head.user_id,
+            conversation_pk=conversation_pk,
+            documents=documents,
+            now=head.at,
+        )
+
     def _resumed(self, conn: Connection, found: ExchangeRecord, outcome: Spilled | None) -> Turn:
         """The turn of an exchange begun in the database (its `begin()` landed, or its
         `finish()` failed), as `finish_in` needs it."""
         conversations = Conversations(conn)
-        conv, last = None, None
-        if found.conversation_id is not None:  # (not another one given its id since)
-            conv = conversations.still(
-                found.tenant_id,
-                found.conversation_id,
-                found.conversation_pk,
-                found.user_id,
-                for_update=True,
-            )
+        conv, last = _conversation_of(conversations, found), None
         if conv is not None:
             last = conversations.first_seq_of_exchange(
                 found.tenant_id, conv.pk, found.request_id, last=True

@@ -24,10 +24,12 @@ from proxy.replay import (
     spilled_record,
     spilled_turn,
 )
+from proxy.requests import Inline
 from proxy.spill import SpillFile
 from proxy.storage_circuit import StorageCircuit
 from storage.database import Database
 from storage.errors import StorageUnavailable
+from storage.repositories.attachments import Attachments
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
@@ -296,6 +298,47 @@ async def test_a_begin_that_landed_after_its_timeout_is_completed_not_repeated(
     await spill.add(outcome, bounded=False)
     assert await replayer(spill, db).replay() == {"replayed": 1}
     assert await messages(db) == [("user", "slow", "complete"), ("assistant", "late", "complete")]
+
+
+async def test_a_late_landed_turn_keeps_its_documents_when_its_outcome_comes_a_round_later(
+    db: Database, spill: SpillFile
+) -> None:
+    """The turn's `begin()` landed after its timeout, without its inline document; a round
+    ran while the reply still streamed, and the outcome came in the next one: the document is
+    stored with the conversation, once."""
+    turn = await begin(ConversationMemory(db), [user("read the notes")], conversation_id="c1")
+    at = datetime.now(UTC)
+    entry = spilled_turn(
+        request_id=turn.request_id,
+        tenant_id="t1",
+        user_id="alice",
+        started_at=at,
+        mode="full",
+        model="gpt-4o-mini",
+        conversation_id="c1",
+        idempotency_key=None,
+        messages=[user("read the notes")],
+        upstream="main",
+        stream=True,
+        documents=[Inline("The launch code is PURPLE-42.", title="notes")],
+    )
+    await spill.add(entry, bounded=True)
+    assert await replayer(spill, db).replay() == {"amended": 1}
+    outcome = spilled_outcome("t1", "alice", turn.request_id, at, reply("read"), turn=None)
+    await spill.add(outcome, bounded=False)
+    await spill.add(entry, bounded=True)  # (a round that repeats itself stores it once)
+    await replayer(spill, db).replay()
+
+    def titles(conn: Any) -> list[str | None]:
+        conv = Conversations(conn).get("t1", "c1")
+        assert conv is not None
+        return [a.title for a in Attachments(conn).for_conversation("t1", conv.pk, limit=10)]
+
+    assert await db.read(titles) == ["notes"]
+    assert await messages(db) == [
+        ("user", "read the notes", "complete"),
+        ("assistant", "read", "complete"),
+    ]
 
 
 async def test_an_outcome_whose_finish_failed_completes_even_a_swept_exchange(
