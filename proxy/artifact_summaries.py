@@ -8,7 +8,9 @@ A summary of a user erased while it was made is used for the request but not sto
 summary never fails the request: a cache the database cannot serve is passed by (the summary
 is made anyway), one that cannot be stored is used now and made again next time, and one that
 cannot be made leaves its artifact out. Each wait for the database is bounded by the storage
-timeout; the summariser's call is not (it has the tenant's `attachments.timeout_ms`).
+timeout, and a request that already found the database away does not wait for it again (the
+cache is passed by: `use_cache`); the summariser's call is not (it has the tenant's
+`attachments.timeout_ms`).
 """
 
 from __future__ import annotations
@@ -67,9 +69,12 @@ class FocusedSummaries:
         question: str,
         ask: Ask,
         started_at: datetime,
+        use_cache: bool = True,
     ) -> Summary:
         """`item`'s artifact summarised for `question` within the room the plan gave it;
-        `started_at`: when the request began (a user erased since keeps no summary of it)."""
+        `started_at`: when the request began (a user erased since keeps no summary of it).
+        Without `use_cache` (the request found the database away) the cache is neither read
+        nor written."""
         artifact = item.artifact
         stored = artifact.kind == "attachment" and not artifact.key.startswith("inline:")
         subject = artifact.key if stored else conversation_id or ""
@@ -86,11 +91,13 @@ class FocusedSummaries:
                 Summaries(conn).hit(tenant_id, key, now)
             return found.text if found else None
 
+        text = None
         try:
-            text = await self.memory.in_time(self.db.write(cached))
+            if use_cache:
+                text = await self.memory.in_time(self.db.write(cached))
         except StorageError as exc:  # the cache is an addition: make the summary anyway
             log.warning("summary_cache_unavailable", tenant=tenant_id, error=str(exc))
-            text = None
+            use_cache = False  # (nor wait again to store it)
         if text is not None:
             self.metrics.summary_cache.labels(tenant_id, "attachment", "hit").inc()
             return Summary("hit", text)
@@ -132,7 +139,8 @@ class FocusedSummaries:
             )
 
         try:
-            await self.memory.in_time(self.db.write(cache))
+            if use_cache:
+                await self.memory.in_time(self.db.write(cache))
         except StorageError as exc:  # used now, made again next time
             log.warning("summary_not_cached", tenant=tenant_id, error=str(exc))
         return Summary("miss", text)

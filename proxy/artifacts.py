@@ -243,12 +243,15 @@ class Artifacts:
         question: str,
         budget: int,
         started_at: datetime,
+        storage_away: bool = False,
     ) -> Attached:
         """The artifacts of this turn fitted into `budget` tokens. `store_in`: the conversation
         (pk) the inline documents are first stored with (mode `full`; they are then read as
         its attachments); `in_prompt_calls`: tool call ids whose results the prompt already
         holds; `conversation_end`: the conversation's next seq (tool results are looked for
-        among its last `TOOL_WINDOW` messages); `started_at`: when the request began."""
+        among its last `TOOL_WINDOW` messages); `started_at`: when the request began;
+        `storage_away`: the request found the database away already (its turn was not
+        stored), so the summary cache is not waited for either."""
         settings = tenant.attachments
         attached = Attached()
         stored = store_in is not None and await self._store_inline(
@@ -313,8 +316,10 @@ class Artifacts:
             attached.planner = "rule"
             choices = plan_by_rule(artifacts, relevance, budget, summaries=summaries_on)
         attached.items = carry_out(choices, artifacts, relevance, budget, summaries=summaries_on)
-        # The summaries the plan asks for, at once (each call bounded by its own timeout).
+        # The summaries the plan asks for, at once (each call bounded by its own timeout;
+        # the cache passed by once this request has found the database away).
         wanted = [item for item in attached.items if item.strategy == "summarize"]
+        use_cache = not (storage_away or attached.storage_failed)
         made = await asyncio.gather(
             *(
                 self.summaries.summary(
@@ -326,6 +331,7 @@ class Artifacts:
                     question=question,
                     ask=partial(self._call, tenant_id, tenant, attached),
                     started_at=started_at,
+                    use_cache=use_cache,
                 )
                 for item in wanted
             )

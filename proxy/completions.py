@@ -572,8 +572,9 @@ class ChatExchange:
         skipped = [part for part, yes in failed.items() if yes]
         if not skipped:
             return
+        if not self.degraded:  # (a turn that was not stored is counted already, as such)
+            self.services.metrics.degraded.labels(self.principal.tenant_id, "partial").inc()
         self.degraded = True
-        self.services.metrics.degraded.labels(self.principal.tenant_id, "partial").inc()
         log.warning("memory_partly_skipped", request_id=self.request_id, parts=skipped)
 
     def _attached_record(self, assembly: Assembly | None, recalled: Recall) -> dict[str, Any]:
@@ -763,6 +764,7 @@ class ChatExchange:
                 question=_last_user_text(self.sent_messages),
                 budget=room,
                 started_at=self.started_at,
+                storage_away=turn is None,
             )
         except Exception:  # a bug here must not fail the chat: logged, the request goes on
             log.exception("attachments_error", request_id=self.request_id)

@@ -657,6 +657,33 @@ REPORT = "\n\n".join(
 GIST = "The report covers sales and staffing."
 
 
+async def test_a_degraded_request_does_not_wait_for_the_summary_cache_too(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
+) -> None:
+    """Storage away from the start: the turn's own write gives up at the timeout, and the
+    summary of its large inline document is made without waiting for the cache's read and
+    write as well (each would wait out the timeout again)."""
+    fake, upstream_url = fake_upstream
+    settings, _, db = on_sqlite(upstream_url, tmp_path, storage_timeout_ms=300)
+    settings.tenants["open"] = TenantConfig(
+        api_keys=[OPEN],
+        upstream="main",
+        context=ContextSettings(token_budget=1000),
+        summaries=SummarySettings(mode="llm"),
+    )
+    base = serve_proxy(settings)
+    fake.script = [model_said(GIST)]
+    with capture_logs() as logs:
+        async with sdk(base) as client:
+            with sqlite_locked(db):
+                body = {"attachments": [{"content": REPORT, "title": "report"}]}
+                _, headers = await say(client, "What's the gist?", body=body)
+    assert headers["x-memory-status"] == "degraded"
+    assert GIST in fake.chat_requests[-1]["messages"][0]["content"]
+    events = [e["event"] for e in logs]
+    assert not {"summary_cache_unavailable", "summary_not_cached"} & set(events), events
+
+
 async def test_a_request_with_a_document_is_answered_while_storage_is_slow_after_its_turn(
     database_url: str,
     slowed: Slowed,
