@@ -89,11 +89,6 @@ def rewind(
     return count, UNKNOWN_CHAIN
 
 
-def same_message(a: Message, b: Message) -> bool:
-    return canonical(a) == canonical(b)
-
-
-MAX_OVERLAP = 32
 LEADING_ROLES = frozenset({"system", "developer"})
 
 
@@ -112,6 +107,9 @@ class Split:
     new: list[Message]  # messages to store
     attach_history: bool  # a thin client: the stored tail goes with the request
     overlap: int = 0  # newest stored messages the client resent (not attached again)
+    # The request's first `fork` messages are a prefix of the conversation that it has moved
+    # on from (the client regenerated or edited a turn): `new` continues from there.
+    fork: int = 0
 
 
 def split_request(
@@ -120,24 +118,69 @@ def split_request(
     chain_count: int,
     chain_hash: str,
     tail: Sequence[Message] = (),
+    tail_hashes: Sequence[str | None] = (),
 ) -> Split:
-    """Decide, in O(request), which of the request's messages are new.
+    """Decide, in O(request + tail), which of the request's messages are new. `tail`: the
+    stored conversation's newest messages, `tail_hashes` their chain hashes.
 
     - the stored chain is a prefix of the request: the client resent its history; the rest is
       new and nothing needs attaching (a retry of an unanswered turn adds nothing);
     - an empty conversation: everything is new;
+    - the request resends the conversation up to a message of the tail, and then goes
+      another way (a regenerated answer, an edited turn): the rest is new, continuing from
+      that message (`forked_at`);
+    - the request resends the tail's newest messages (`resent_run`) after instructions of its
+      own (a system prompt that changes on each request, say): what follows them is new, and
+      the stored history the client did not send goes with it;
     - otherwise a thin client: its leading system/developer messages are its own instructions,
-      the rest is new, except a run it resent that the stored chain already ends with (a retried
-      turn, or a client that repeats the last reply): that is neither stored nor attached twice.
+      the rest is new and the stored tail goes with it.
     """
     if continues(chain_count, chain_hash, hashes):
         return Split(new=list(messages[chain_count:]), attach_history=False)
     if chain_count == 0:
         return Split(new=list(messages), attach_history=False)
+    fork = forked_at(messages, hashes, tail_hashes)
+    if fork:
+        return Split(new=list(messages[fork:]), attach_history=False, fork=fork)
     turn = list(messages[leading_instructions(messages) :])
-    overlap = 0
-    for k in range(min(len(turn), len(tail), MAX_OVERLAP), 0, -1):
-        if all(same_message(a, b) for a, b in zip(tail[-k:], turn[:k], strict=True)):
-            overlap = k
-            break
-    return Split(new=turn[overlap:], attach_history=True, overlap=overlap)
+    end, run = resent_run(turn, tail)
+    if run and end > run:  # older history sent too: the client holds more than the tail
+        return Split(new=turn[end:], attach_history=False, overlap=run)
+    return Split(new=turn[end:], attach_history=True, overlap=run)
+
+
+def forked_at(
+    messages: Sequence[Message], hashes: Sequence[str], stored_hashes: Sequence[str | None]
+) -> int:
+    """How many of the request's messages are a prefix of the stored conversation ending at
+    one of `stored_hashes`' messages (the longest such prefix): a chain hash covers every
+    message before it. At least the client's instructions and two more (some history
+    resent: a thin client's one new message that repeats a stored one is not a fork); 0 when
+    there is none."""
+    known = {h for h in stored_hashes if h}
+    for count in range(len(hashes), leading_instructions(messages) + 1, -1):
+        if hashes[count - 1] in known:
+            return count
+    return 0
+
+
+def resent_run(turn: Sequence[Message], tail: Sequence[Message]) -> tuple[int, int]:
+    """(end, length): the newest stored messages (`tail`'s last `length`) that `turn` repeats
+    as a run ending at `turn[end - 1]`, the run ending latest; (0, 0) when there is none. A
+    run counts when it opens the turn (a thin client that resent the last reply, or retried
+    its turn) or when it holds the whole tail past its instructions (a client that resends
+    all its history after a system prompt of its own)."""
+    if not turn or not tail:
+        return 0, 0
+    sent = [canonical(m) for m in turn]
+    held = [canonical(m) for m in tail]
+    whole = len(tail) - leading_instructions(tail)
+    for end in range(len(sent), 0, -1):
+        if sent[end - 1] != held[-1]:
+            continue
+        length = 1
+        while length < min(end, len(held)) and sent[end - 1 - length] == held[-1 - length]:
+            length += 1
+        if length == end or length >= whole:
+            return end, length
+    return 0, 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -562,8 +562,25 @@ class ConversationMemory:
         elif chain_count and not continues(chain_count, chain_hash, hashes):
             tail = conversations.tail(turn.tenant_id, conv.pk, window)
         split = split_request(
-            messages, hashes, chain_count, chain_hash, [m.to_openai() for m in tail]
+            messages,
+            hashes,
+            chain_count,
+            chain_hash,
+            [m.to_openai() for m in tail],
+            [m.chain_hash for m in tail] if retry is None else (),
         )
+        if split.fork:
+            # The client went another way from a stored message (a regenerated answer, an
+            # edited turn): the conversation's chain continues from there, so what the
+            # request adds (or the reply, if nothing) is stored once, and its next request,
+            # resending this branch, continues it. The other branch stays stored as it was,
+            # and recall does not quote it back to this request.
+            base = hashes[split.fork - 1]
+            turn.conversation = conv = replace(conv, chain_count=split.fork, chain_hash=base)
+            at = next(m.seq for m in tail if m.chain_hash == base)
+            turn.visible_before = at + 1
+            if not split.new:
+                turn.reply_to = at
         if split.attach_history:
             kept = tail[: len(tail) - split.overlap]
             turn.history = [_stored(m) for m in kept if m.role not in ("system", "developer")]
@@ -580,7 +597,7 @@ class ConversationMemory:
         if turn.visible_before is None:
             turn.visible_before = conv.next_seq  # this turn's own messages come next
         if writing and new:
-            hashes = chain_hashes(new, conv.chain_hash)
+            hashes = chain_hashes(new, conv.chain_hash)  # (a fork's: the request's own)
             rows = _new_messages(new, hashes, count, turn.request_id, intent)
             turn.conversation = conversations.append(conv, turn.user_id, rows, now=now())
         if turn.reply_to is None:

@@ -38,6 +38,7 @@ class MessageRecord:
     exchange_id: str | None
     created_at: datetime
     meta: dict[str, Any]
+    chain_hash: str | None = None  # the conversation's chain up to it (None: outside the chain)
 
     def to_openai(self) -> dict[str, Any]:
         """The message as a chat completion request carries it."""

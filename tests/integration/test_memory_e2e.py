@@ -18,7 +18,14 @@ import pytest
 from proxy.app import create_app
 from proxy.config import Config, ContextSettings, TenantConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
-from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, error_reply, sse
+from tests.fakes.openai_upstream import (
+    FakeOpenAI,
+    Reply,
+    chat_reply,
+    error_reply,
+    model_said,
+    sse,
+)
 from tests.fakes.server import ServerThread
 from tests.polling import eventually
 
@@ -211,6 +218,63 @@ async def test_full_history_client_is_stored_once_and_an_edit_starts_a_new_conve
     assert sent(await api.messages(new_id)) == [*edited, answer(edited[-1]["content"])]
     assert sent(await api.messages(conversation)) == history
     assert len(await api.conversations("alice")) == 2
+
+
+async def test_a_named_conversation_a_client_regenerates_or_edits_in_is_stored_once(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI
+) -> None:
+    """A client that resends its history and names the conversation: a regenerated answer
+    and an edited question continue the conversation from where the client went another way.
+    The upstream gets what the client sent, nothing is stored twice, the answers the client
+    left stay stored, and the next turns continue the branch the client is on."""
+    headers = thin("regen")
+    history: list[Message] = [{"role": "system", "content": "Be brief."}]
+    for text in ("q1", "q2"):
+        history.append(user(text))
+        reply, _ = await chat(client, history, headers)
+        history.append(reply)
+    first = sent(await api.messages("regen"))
+    assert first == history
+
+    fake.script = [model_said("a2, regenerated")]
+    regenerated, seen = await chat(client, history[:-1], headers)
+    assert fake.chat_requests[-1]["messages"] == history[:-1]
+    assert seen["x-memory-history-messages"] == "0"
+    history = [*history[:-1], regenerated]
+    history.append(user("q3"))
+    reply, seen = await chat(client, history, headers)
+    assert fake.chat_requests[-1]["messages"] == history  # (nothing attached: all was sent)
+    history.append(reply)
+    assert sent(await api.messages("regen")) == [*first, regenerated, user("q3"), reply]
+
+    edited = [*history[:-2], user("q3, said better")]
+    reply, seen = await chat(client, edited, headers)
+    assert fake.chat_requests[-1]["messages"] == edited
+    assert seen["x-memory-history-messages"] == "0"
+    stored = sent(await api.messages("regen"))
+    assert stored[-2:] == [user("q3, said better"), reply]
+    assert len(stored) == len(first) + 5  # a2', q3, a3, q3', a3': each once
+    [listed] = [c for c in await api.conversations("alice") if c["id"] == "regen"]
+    assert listed["message_count"] == len(edited) + 1  # the branch the client is on
+
+
+async def test_history_resent_under_a_changing_system_prompt_is_stored_once(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI
+) -> None:
+    """A system prompt that changes on each request (today's date, say) and the conversation
+    named: past the stored tail the proxy reads (28 messages here), each turn still stores
+    only its new question and reply, and attaches nothing the client sent."""
+    headers = thin("dated")
+    history: list[Message] = []
+    for day in range(16):
+        history.append(user(f"question {day}"))
+        system = {"role": "system", "content": f"Today is day {day}."}
+        reply, seen = await chat(client, [system, *history], headers)
+        assert fake.chat_requests[-1]["messages"] == [system, *history]
+        assert seen["x-memory-history-messages"] == "0"
+        history.append(reply)
+    stored = sent(await api.messages("dated"))
+    assert stored == [{"role": "system", "content": "Today is day 0."}, *history]
 
 
 async def test_restart_loses_nothing(fake_upstream: tuple[FakeOpenAI, str]) -> None:

@@ -1,10 +1,19 @@
-"""policies.identity.rewind: the stored chain as it stood before its newest messages."""
+"""policies.identity: the stored chain as it stood before its newest messages (`rewind`), and
+which of a request's messages are new to a named conversation (`split_request`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from policies.identity import EMPTY_CHAIN, UNKNOWN_CHAIN, chain_hashes, continues, rewind
+from policies.identity import (
+    EMPTY_CHAIN,
+    UNKNOWN_CHAIN,
+    Split,
+    chain_hashes,
+    continues,
+    rewind,
+    split_request,
+)
 
 P = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
 N = [{"role": "user", "content": "three"}]
@@ -41,3 +50,79 @@ def test_rewinding_nothing_keeps_the_chain_when_the_request_carries_it() -> None
     hashes = chain_hashes([*P, *N])
     assert rewind(count, chain, hashes, []) == (2, chain)
     assert rewind(count, chain, chain_hashes([*N, *N]), []) == (2, UNKNOWN_CHAIN)
+
+
+def sys(text: str = "Be brief.") -> dict[str, Any]:
+    return {"role": "system", "content": text}
+
+
+def u(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def a(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+def split(
+    conversation: list[dict[str, Any]], request: list[dict[str, Any]], window: int = 28
+) -> Split:
+    """`split_request` as the proxy calls it for a conversation named by its header: the
+    request's hashes, the stored chain, and the stored tail with its messages' hashes."""
+    chain = chain_hashes(conversation)
+    tail = conversation[-window:]
+    return split_request(
+        request, chain_hashes(request), len(conversation), chain[-1], tail, chain[-window:]
+    )
+
+
+STORED = [sys(), u("q1"), a("a1"), u("q2"), a("a2")]
+
+
+def test_a_request_that_continues_the_chain_adds_what_follows_it() -> None:
+    assert split(STORED, [*STORED, u("q3")]) == Split(new=[u("q3")], attach_history=False)
+
+
+def test_a_regenerated_answer_forks_at_its_question_and_adds_nothing() -> None:
+    assert split(STORED, STORED[:4]) == Split(new=[], attach_history=False, fork=4)
+
+
+def test_an_edited_turn_forks_before_it_and_adds_only_the_edit() -> None:
+    edited = [*STORED[:3], u("q2, said better")]
+    assert split(STORED, edited) == Split(new=[u("q2, said better")], attach_history=False, fork=3)
+
+
+def test_a_thin_clients_turn_is_no_fork_even_when_it_repeats_a_stored_one() -> None:
+    """Its system prompt and one message matching the conversation's opening is not history
+    resent: the stored tail goes with it."""
+    assert split(STORED, [sys(), u("q1")]) == Split(new=[u("q1")], attach_history=True)
+    assert split(STORED, [sys(), u("q3")]) == Split(new=[u("q3")], attach_history=True)
+
+
+def test_a_thin_client_that_resends_the_last_reply_or_retries_adds_what_is_new() -> None:
+    assert split(STORED, [sys(), a("a2"), u("q3")]) == Split(
+        new=[u("q3")], attach_history=True, overlap=1
+    )
+    unanswered = [*STORED, u("q3")]
+    assert split(unanswered, [sys(), u("q3")]) == Split(new=[], attach_history=True, overlap=1)
+
+
+def test_history_resent_under_a_new_system_prompt_adds_only_the_new_turn() -> None:
+    """A system prompt that changes each request (today's date, say): the rest of the request
+    is the stored history, past the tail window too, and only the newest turn is new."""
+    stored = [sys("Today is Monday.")]
+    for i in range(20):
+        stored += [u(f"q{i}"), a(f"a{i}")]
+    request = [sys("Today is Tuesday."), *stored[1:], u("q20")]
+    assert split(stored, request) == Split(new=[u("q20")], attach_history=False, overlap=28)
+    short = [sys("Today is Tuesday."), *STORED[1:], u("q3")]  # all of it in the tail
+    assert split(STORED, short) == Split(new=[u("q3")], attach_history=True, overlap=4)
+
+
+def test_a_sliding_window_client_gets_the_older_history_it_left_out() -> None:
+    stored = [sys()]
+    for i in range(10):
+        stored += [u(f"q{i}"), a(f"a{i}")]
+    request = [sys(), *stored[-6:], u("q10")]
+    result = split(stored, request)
+    assert result == Split(new=[u("q10")], attach_history=True, overlap=6)
