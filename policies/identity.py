@@ -126,12 +126,13 @@ def split_request(
     - the stored chain is a prefix of the request: the client resent its history; the rest is
       new and nothing needs attaching (a retry of an unanswered turn adds nothing);
     - an empty conversation: everything is new;
+    - the request resends the tail's newest messages (`resent_run`) in an arrangement of its
+      own (under a system prompt that changes each time, say, or keeping the first exchange
+      and the latest ones): what follows them is new, and when the run opens the request, the
+      stored history before it goes with it;
     - the request resends the conversation up to a message of the tail, and then goes
       another way (a regenerated answer, an edited turn): the rest is new, continuing from
       that message (`forked_at`);
-    - the request resends the tail's newest messages (`resent_run`) after instructions of its
-      own (a system prompt that changes on each request, say): what follows them is new, and
-      the stored history the client did not send goes with it;
     - otherwise a thin client: its leading system/developer messages are its own instructions,
       the rest is new and the stored tail goes with it.
     """
@@ -139,26 +140,30 @@ def split_request(
         return Split(new=list(messages[chain_count:]), attach_history=False)
     if chain_count == 0:
         return Split(new=list(messages), attach_history=False)
+    turn = list(messages[leading_instructions(messages) :])
+    end, run = resent_run(turn, tail)
+    if run:
+        # (A run that opens the request: the stored history before it was not sent.)
+        return Split(new=turn[end:], attach_history=end == run, overlap=run)
     fork = forked_at(messages, hashes, tail_hashes)
     if fork:
         return Split(new=list(messages[fork:]), attach_history=False, fork=fork)
-    turn = list(messages[leading_instructions(messages) :])
-    end, run = resent_run(turn, tail)
-    if run and end > run:  # older history sent too: the client holds more than the tail
-        return Split(new=turn[end:], attach_history=False, overlap=run)
-    return Split(new=turn[end:], attach_history=True, overlap=run)
+    return Split(new=turn, attach_history=True)
 
 
 def forked_at(
     messages: Sequence[Message], hashes: Sequence[str], stored_hashes: Sequence[str | None]
 ) -> int:
     """How many of the request's messages are a prefix of the stored conversation ending at
-    one of `stored_hashes`' messages (the longest such prefix): a chain hash covers every
-    message before it. At least the client's instructions and two more (some history
-    resent: a thin client's one new message that repeats a stored one is not a fork); 0 when
-    there is none."""
+    one of `stored_hashes`' messages (the longest such prefix; a chain hash covers every
+    message before it), for a request that resends history: two messages or more after its
+    instructions (a thin client's one new message that repeats a stored one is no fork). 0
+    when there is none."""
+    lead = leading_instructions(messages)
+    if len(messages) - lead < 2:
+        return 0
     known = {h for h in stored_hashes if h}
-    for count in range(len(hashes), leading_instructions(messages) + 1, -1):
+    for count in range(len(hashes), lead, -1):
         if hashes[count - 1] in known:
             return count
     return 0
@@ -168,19 +173,19 @@ def resent_run(turn: Sequence[Message], tail: Sequence[Message]) -> tuple[int, i
     """(end, length): the newest stored messages (`tail`'s last `length`) that `turn` repeats
     as a run ending at `turn[end - 1]`, the run ending latest; (0, 0) when there is none. A
     run counts when it opens the turn (a thin client that resent the last reply, or retried
-    its turn) or when it holds the whole tail past its instructions (a client that resends
-    all its history after a system prompt of its own)."""
+    its turn) or holds two messages or more (a client that resends its history in its own
+    arrangement). O(turn + tail): the first place a run of two or more ends is the answer,
+    and a place where none does costs one comparison."""
     if not turn or not tail:
         return 0, 0
     sent = [canonical(m) for m in turn]
     held = [canonical(m) for m in tail]
-    whole = len(tail) - leading_instructions(tail)
     for end in range(len(sent), 0, -1):
         if sent[end - 1] != held[-1]:
             continue
         length = 1
         while length < min(end, len(held)) and sent[end - 1 - length] == held[-1 - length]:
             length += 1
-        if length == end or length >= whole:
+        if length == end or length >= 2:
             return end, length
     return 0, 0

@@ -41,7 +41,7 @@ from proxy.storage_circuit import StorageCircuit, StorageCircuitOpen
 from storage.database import Database
 from storage.errors import ConflictError, StaleConversation, StorageTimeout
 from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
-from storage.repositories.conversations import Conversations
+from storage.repositories.conversations import SUPERSEDED, Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
@@ -427,10 +427,14 @@ class ConversationMemory:
         count: TokenCounter,
         intent_of: IntentOf | None,
         conn: Connection,
+        *,
+        forks: bool = True,
     ) -> None:
         """`begin()`'s work inside the caller's transaction (also the spill's replay). A user
         erased since the request began (its turn waited for the erasure) is not stored again
-        from it: Conflict, nothing written."""
+        from it: Conflict, nothing written. Without `forks` (a replay: the conversation may
+        have gone on since), a request that went another way from a stored message does not
+        move the conversation's chain back to it."""
         erasures = Erasures(conn)
         erasures.share(turn.tenant_id, turn.user_id)  # never half before an erasure
         if erasures.erased_since(turn.tenant_id, turn.user_id, exchange.started_at):
@@ -450,6 +454,7 @@ class ConversationMemory:
             context,
             count,
             lambda history: _classify(turn, exchange, intent_of, history + messages),
+            forks=forks,
         )
         exchange.idempotency_key = key
         exchange.request_hash = hashes[-1] if key and hashes else None  # (kept with the key)
@@ -469,6 +474,8 @@ class ConversationMemory:
         context: ContextSettings,
         count: TokenCounter,
         classify: Callable[[list[dict[str, Any]]], Intent | None],
+        *,
+        forks: bool,
     ) -> str | None:
         """Fill `turn` in; return the idempotency key to record on the new exchange. `hashes`:
         the messages' chained hashes; `classify(history)` gives the turn's intent once its
@@ -567,17 +574,21 @@ class ConversationMemory:
             chain_count,
             chain_hash,
             [m.to_openai() for m in tail],
-            [m.chain_hash for m in tail] if retry is None else (),
+            [m.chain_hash for m in tail] if retry is None and forks else (),
         )
         if split.fork:
             # The client went another way from a stored message (a regenerated answer, an
-            # edited turn): the conversation's chain continues from there, so what the
-            # request adds (or the reply, if nothing) is stored once, and its next request,
-            # resending this branch, continues it. The other branch stays stored as it was,
-            # and recall does not quote it back to this request.
+            # edited turn): the conversation's chain goes back there, so what the request
+            # adds (or the reply, if nothing) is stored once and its next request, resending
+            # this branch, continues it; the branch left is kept, `superseded` (in mode read,
+            # only hidden from this request's recall).
             base = hashes[split.fork - 1]
-            turn.conversation = conv = replace(conv, chain_count=split.fork, chain_hash=base)
             at = next(m.seq for m in tail if m.chain_hash == base)
+            if writing:
+                conv = conversations.fork(conv, at, split.fork, base, now=now())
+            else:
+                conv = replace(conv, chain_count=split.fork, chain_hash=base)
+            turn.conversation = conv
             turn.visible_before = at + 1
             if not split.new:
                 turn.reply_to = at
@@ -683,7 +694,7 @@ def finish_in(
                 # Another attempt at the same turn (a retry that overtook this one)
                 # answered it first: keep this reply for the record, outside the chain.
                 # (A turn stored meanwhile is answered after it: the reply follows it.)
-                store(fresh, "superseded" if status == "complete" else status)
+                store(fresh, SUPERSEDED if status == "complete" else status)
             else:
                 store(fresh, status)
     elif conv is not None and (turn.embed or turn.summarize_through is not None):

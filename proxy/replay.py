@@ -455,6 +455,7 @@ class SpillReplayer:
                 count,
                 self.intent_of(entry.tenant_id),
                 conn,
+                forks=False,
             )
         except ProxyError as exc:  # (raised before anything is written)
             log.warning("spill_turn_refused", request_id=entry.request_id, error=exc.message)

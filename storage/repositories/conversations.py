@@ -24,6 +24,9 @@ M = MESSAGES
 E = EXCHANGES
 _CONVERSATION_COLUMNS = columns(C, ConversationRecord)
 _MESSAGE_COLUMNS = columns(M, MessageRecord)
+# A message left off the conversation's chain (a reply another answered first, a branch its
+# client went away from): kept, never attached or searched.
+SUPERSEDED = "superseded"
 # Hashes per IN (...) probe; well under every driver's parameter limit.
 _CHAIN_PROBE = 500
 
@@ -257,6 +260,47 @@ class Conversations:
         if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
             raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
         self.conn.execute(_INSERT_MESSAGES, _rows(conversation, user_id, seq, messages, now))
+        return replace(conversation, **changes)
+
+    def fork(
+        self,
+        conversation: ConversationRecord,
+        at_seq: int,
+        chain_count: int,
+        chain_hash: str,
+        *,
+        now: datetime,
+    ) -> ConversationRecord:
+        """Move the conversation's chain back to its message `at_seq` (the chain then
+        `chain_count` long, ending in `chain_hash`): its client went another way from there.
+        The complete messages after it stay stored, as `superseded`: outside the chain, not
+        attached, searched or embedded. StaleConversation, nothing written, if anything was
+        appended since `conversation` was read."""
+        changes: dict[str, Any] = {
+            "next_seq": conversation.next_seq,
+            "chain_count": chain_count,
+            "chain_hash": chain_hash,
+            "updated_at": now,
+        }
+        where = {
+            "w_tenant": conversation.tenant_id,
+            "w_pk": conversation.pk,
+            "w_id": conversation.id,
+            "w_owner": conversation.user_id,
+            "w_seq": conversation.next_seq,
+        }
+        if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
+            raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
+        self.conn.execute(
+            update(M)
+            .where(
+                M.c.tenant_id == conversation.tenant_id,
+                M.c.conversation_pk == conversation.pk,
+                M.c.seq > at_seq,
+                M.c.status == "complete",
+            )
+            .values(status=SUPERSEDED, search_text=None, search_scope=None)
+        )
         return replace(conversation, **changes)
 
     def tail(self, tenant_id: str, conversation_pk: int, limit: int) -> list[MessageRecord]:

@@ -225,37 +225,87 @@ async def test_a_named_conversation_a_client_regenerates_or_edits_in_is_stored_o
 ) -> None:
     """A client that resends its history and names the conversation: a regenerated answer
     and an edited question continue the conversation from where the client went another way.
-    The upstream gets what the client sent, nothing is stored twice, the answers the client
-    left stay stored, and the next turns continue the branch the client is on."""
+    The upstream gets what the client sent, nothing is stored twice, the messages the client
+    left stay stored as `superseded` (never attached or quoted back), and the next turns
+    continue the branch the client is on."""
     headers = thin("regen")
+    history: list[Message] = [{"role": "system", "content": "Be brief."}]
+    fake.script = [
+        model_said("Tram 28 tickets cost 3 euros."),
+        model_said("The castle opens at 9."),
+    ]
+    for text in ("What does a tram 28 ticket cost?", "When does the castle open?"):
+        history.append(user(text))
+        reply, _ = await chat(client, history, headers)
+        history.append(reply)
+    first = history
+
+    fake.script = [model_said("The castle opens at 9:30.")]
+    regenerated, seen = await chat(client, history[:-1], headers)
+    assert fake.chat_requests[-1]["messages"] == history[:-1]
+    assert seen["x-memory-history-messages"] == "0"
+    history = [*history[:-1], regenerated]
+    history.append(user("And when does the castle close?"))
+    reply, seen = await chat(client, history, headers)
+    # Nothing attached (all was sent), and the answer left is not quoted back by recall.
+    assert fake.chat_requests[-1]["messages"] == history
+    assert "opens at 9." not in str(fake.chat_requests[-1]["messages"])
+    history.append(reply)
+
+    edited = [*history[:-2], user("And when does the castle close on Sundays?")]
+    reply, seen = await chat(client, edited, headers)
+    assert fake.chat_requests[-1]["messages"] == edited
+    assert seen["x-memory-history-messages"] == "0"
+    stored = await api.messages("regen")
+    assert [(m["content"], m["status"]) for m in stored] == [
+        *[(m["content"], "complete") for m in first[:-1]],
+        (first[-1]["content"], "superseded"),
+        (regenerated["content"], "complete"),
+        (history[-2]["content"], "superseded"),
+        (history[-1]["content"], "superseded"),
+        (edited[-1]["content"], "complete"),
+        (reply["content"], "complete"),
+    ]
+    [listed] = [c for c in await api.conversations("alice") if c["id"] == "regen"]
+    assert listed["message_count"] == len(edited) + 1  # the branch the client is on
+
+    # A thin turn now gets the branch the client is on as its history.
+    await chat(client, [history[0], user("Thanks!")], headers)
+    assert fake.chat_requests[-1]["messages"] == [*edited, reply, user("Thanks!")]
+
+
+async def test_a_regenerate_retried_under_its_idempotency_key_is_stored_once(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI
+) -> None:
+    """The regenerate fails upstream and is retried under the same key: the retry is
+    answered against the branch the regenerate started, and its reply is stored once."""
+    headers = thin("regen-retry")
     history: list[Message] = [{"role": "system", "content": "Be brief."}]
     for text in ("q1", "q2"):
         history.append(user(text))
         reply, _ = await chat(client, history, headers)
         history.append(reply)
-    first = sent(await api.messages("regen"))
-    assert first == history
-
-    fake.script = [model_said("a2, regenerated")]
-    regenerated, seen = await chat(client, history[:-1], headers)
+    keyed = {**headers, "Idempotency-Key": "regen-1"}
+    fake.script = [error_reply(503, "overloaded")]
+    with pytest.raises(openai.APIStatusError):
+        await chat(client, history[:-1], keyed)
+    fake.script = [model_said("a2, again")]
+    again, _ = await chat(client, history[:-1], keyed)
     assert fake.chat_requests[-1]["messages"] == history[:-1]
-    assert seen["x-memory-history-messages"] == "0"
-    history = [*history[:-1], regenerated]
-    history.append(user("q3"))
-    reply, seen = await chat(client, history, headers)
-    assert fake.chat_requests[-1]["messages"] == history  # (nothing attached: all was sent)
-    history.append(reply)
-    assert sent(await api.messages("regen")) == [*first, regenerated, user("q3"), reply]
-
-    edited = [*history[:-2], user("q3, said better")]
-    reply, seen = await chat(client, edited, headers)
-    assert fake.chat_requests[-1]["messages"] == edited
-    assert seen["x-memory-history-messages"] == "0"
-    stored = sent(await api.messages("regen"))
-    assert stored[-2:] == [user("q3, said better"), reply]
-    assert len(stored) == len(first) + 5  # a2', q3, a3, q3', a3': each once
-    [listed] = [c for c in await api.conversations("alice") if c["id"] == "regen"]
-    assert listed["message_count"] == len(edited) + 1  # the branch the client is on
+    stored = await api.messages("regen-retry")
+    assert [(m["content"], m["status"]) for m in stored][-2:] == [
+        (history[-1]["content"], "superseded"),
+        (again["content"], "complete"),
+    ]
+    follow = [*history[:-1], again, user("q3")]
+    await chat(client, follow, headers)
+    assert fake.chat_requests[-1]["messages"] == follow
+    assert [m["content"] for m in await api.messages("regen-retry")][-4:] == [
+        history[-1]["content"],
+        again["content"],
+        "q3",
+        answer("q3")["content"],
+    ]
 
 
 async def test_history_resent_under_a_changing_system_prompt_is_stored_once(

@@ -19,6 +19,7 @@ from proxy.maintenance import Maintenance
 from proxy.routes.memory import erase_user
 from storage import migrate
 from storage.database import Database
+from storage.errors import StaleConversation
 from storage.models import MESSAGES
 from storage.records import ConversationRecord
 from storage.repositories import search as search_module
@@ -121,6 +122,48 @@ async def test_deletes_and_edits_reach_the_index(db: Database) -> None:
     assert await found_texts(db, ["pergola"]) == []
     assert await found_texts(db, ["trellis"]) == ["remember the trellis"]
     assert (await indexed(db, "pergola"), await indexed(db, "trellis")) == (0, 1)
+
+
+async def test_a_forked_conversation_keeps_the_branch_left_out_of_its_chain_and_search(
+    db: Database,
+) -> None:
+    """The client went another way from the second message: the messages after it stay
+    stored, `superseded`, out of the tail and the index (and PostgreSQL's word counts); the
+    chain ends at the fork; a conversation moved on since it was read is not forked."""
+    conv = await new_conversation(
+        db,
+        "c1",
+        [msg("user", "which gazebo"), msg("assistant", "the pergola"), msg("user", "a trellis")],
+    )
+
+    def fork(conn: Connection) -> ConversationRecord:
+        repo = Conversations(conn)
+        first = repo.tail("t1", conv.pk, 10)[0]
+        assert first.chain_hash is not None
+        return repo.fork(conv, first.seq, 1, first.chain_hash, now=at(60))
+
+    forked = await db.write(fork)
+    assert (forked.chain_count, forked.next_seq) == (1, conv.next_seq)
+    listed = await db.read(lambda c: Conversations(c).messages("t1", conv.pk))
+    assert [(m.content, m.status) for m in listed] == [
+        ("which gazebo", "complete"),
+        ("the pergola", "superseded"),
+        ("a trellis", "superseded"),
+    ]
+    tail = await db.read(lambda c: Conversations(c).tail("t1", conv.pk, 10))
+    assert [m.content for m in tail] == ["which gazebo"]
+    assert await found_texts(db, ["pergola"]) == [] and await found_texts(db, ["trellis"]) == []
+    assert (await indexed(db, "pergola"), await indexed(db, "gazebo")) == (0, 1)
+    if not db.is_sqlite:
+        kept, recounted = await db.read(word_counts)
+        assert kept == recounted
+    await db.write(
+        lambda c: Conversations(c).append(
+            forked, "alice", chained(forked, [msg("user", "hi")]), now=at(61)
+        )
+    )
+    with pytest.raises(StaleConversation):  # (`forked` was read before that append)
+        await db.write(lambda c: Conversations(c).fork(forked, 1, 1, "x", now=at(62)))
 
 
 async def test_partial_replies_system_and_tool_messages_are_not_searched(db: Database) -> None:

@@ -126,3 +126,24 @@ def test_a_sliding_window_client_gets_the_older_history_it_left_out() -> None:
     request = [sys(), *stored[-6:], u("q10")]
     result = split(stored, request)
     assert result == Split(new=[u("q10")], attach_history=True, overlap=6)
+
+
+def test_the_turn_after_a_regenerated_first_answer_forks_at_the_first_question() -> None:
+    """Regenerating the first answer sends one message after the instructions, which a thin
+    client does too: it is taken as a thin turn. The next request resends the new answer and
+    forks there, so the answer left is not attached."""
+    assert split(STORED, [sys(), u("q1")]).fork == 0
+    after = [sys(), u("q1"), a("a1, again"), u("q2")]
+    assert split(STORED, after) == Split(
+        new=[a("a1, again"), u("q2")], attach_history=False, fork=2
+    )
+
+
+def test_a_client_that_keeps_the_first_exchange_and_the_latest_is_no_fork() -> None:
+    """It drops the middle of its history: the latest stored messages, resent, say that it
+    continues the conversation; nothing it resent is stored again."""
+    stored = [sys()]
+    for i in range(6):
+        stored += [u(f"q{i}"), a(f"a{i}")]
+    request = [sys(), *stored[1:3], *stored[-4:], u("q6")]
+    assert split(stored, request) == Split(new=[u("q6")], attach_history=False, overlap=4)
