@@ -136,22 +136,21 @@ class ChatStreamObserver:
     def feed(self, chunk: bytes) -> bytes:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.perf_counter()
-        events = self.decoder.split(chunk)
-        if not self.drop_usage_chunk:
-            for raw in events:
-                self._observe(raw)
-            return chunk  # what the client asked for, byte for byte
-        # Whole events only, so that the usage chunk can be left out wherever it falls.
-        return b"".join(raw for raw in events if not self._observe(raw))
+        # Whole events only: the usage chunk can be left out wherever it falls, and a stream
+        # that breaks ends with an error event of its own, not glued to half of one.
+        return b"".join(
+            raw for raw in self.decoder.split(chunk) if not self._left_out(self._observe(raw))
+        )
 
     def flush(self) -> bytes:
         """A last event the upstream did not end with a blank line is still read (and, if it
         is the usage chunk the client did not ask for, left out)."""
         rest = self.decoder.pending()
         usage_only = bool(rest.strip()) and self._observe(rest)
-        if not self.drop_usage_chunk or usage_only:
-            return b""  # (passed on already, byte for byte, or not to be passed on)
-        return rest
+        return b"" if self._left_out(usage_only) else rest
+
+    def _left_out(self, usage_only: bool) -> bool:
+        return usage_only and self.drop_usage_chunk
 
     def _observe(self, raw: bytes) -> bool:
         """Fold one event into the reply; True if it is the usage-only chunk."""

@@ -13,7 +13,7 @@ from litestar.response import Stream
 from proxy.access import log_access, request_info
 from proxy.errors import ProxyError, UpstreamError, sse_error_event
 from proxy.shutdown import ShutdownDeadline
-from proxy.sse import DONE
+from proxy.sse import DONE, EventTooLarge, SSEDecoder
 from proxy.upstream.base import UpstreamReply
 
 log = structlog.get_logger("memproxy.relay")
@@ -53,6 +53,20 @@ class _Unobserved:
         pass
 
 
+class _WholeEvents(_Unobserved):
+    """An event stream passed through (`/v1/responses`, say), an event at a time: when it
+    breaks, the error event that ends it does not start inside half of one."""
+
+    def __init__(self) -> None:
+        self.decoder = SSEDecoder()
+
+    def feed(self, chunk: bytes) -> bytes:
+        return b"".join(self.decoder.split(chunk))
+
+    def flush(self) -> bytes:
+        return self.decoder.pending()
+
+
 def done_marker(chunk: bytes, line_start: bool) -> int:
     """Where `data: [DONE]` begins an event line in `chunk`, or -1. The same bytes inside a
     JSON string (a model explaining SSE) do not count: a JSON string holds no raw newline."""
@@ -82,10 +96,12 @@ def to_response(
             headers=out_headers,
             media_type=reply.media_type,
         )
-    if reply.media_type.startswith("text/event-stream"):
+    events = reply.media_type.startswith("text/event-stream")
+    if events:
         out_headers.update(_STREAM_HEADERS)
+        observer = observer or _WholeEvents()
     return Stream(
-        _Relayed(request, reply.chunks, observer, deadline),
+        _Relayed(request, reply.chunks, observer, deadline, events=events),
         status_code=reply.status,
         headers=out_headers,
         media_type=reply.media_type,
@@ -104,15 +120,19 @@ class _Relayed:
         chunks: AsyncIterator[bytes],
         observer: StreamObserver | None,
         deadline: ShutdownDeadline | None = None,
+        *,
+        events: bool = True,
     ) -> None:
         self._request, self._chunks, self._observer = request, chunks, observer
-        self._deadline = deadline
+        self._deadline, self._events = deadline, events
         self._loop = asyncio.get_running_loop()
         self._started = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         self._started = True
-        return relay(self._request, self._chunks, self._observer, self._deadline)
+        return relay(
+            self._request, self._chunks, self._observer, self._deadline, events=self._events
+        )
 
     def __del__(self) -> None:
         if self._started or self._loop.is_closed():
@@ -176,10 +196,14 @@ async def relay(
     chunks: AsyncIterator[bytes],
     observer: StreamObserver | None = None,
     deadline: ShutdownDeadline | None = None,
+    *,
+    events: bool = True,
 ) -> AsyncIterator[bytes]:
     """Pass chunks on as they arrive (an observer may leave out an event the client did not
-    ask for); a failure after the first byte becomes a final error event, as does a shutdown's
-    `deadline` passing while the stream waits for its next chunk.
+    ask for); in an event stream (`events`) a failure after the first byte becomes a final
+    error event, as does a shutdown's `deadline` passing while the stream waits for its next
+    chunk. Any other body (a file, audio) that breaks is cut off, not ended: no final chunk,
+    so the client sees it incomplete rather than whole with an error glued on.
 
     Closing this generator (the client went away) closes the upstream iterator, which closes
     the upstream connection and so cancels the upstream request.
@@ -226,6 +250,8 @@ async def relay(
     except Exception as exc:  # (cancellation and GeneratorExit are not Exceptions)
         # An upstream failure, a shutdown's deadline (ProxyError) or anything unexpected: the
         # client still gets a last event saying so, and what arrived is recorded.
+        if isinstance(exc, EventTooLarge):
+            exc = UpstreamError(f"The upstream's stream broke: {exc}.")
         error = exc if isinstance(exc, ProxyError) else ProxyError("The stream failed.")
         info.failed(error.status, error.code, upstream=isinstance(exc, UpstreamError))
         unexpected = not isinstance(exc, ProxyError)
@@ -235,6 +261,8 @@ async def relay(
         if not finished:
             finished = True
             await observer.finish("error", error.message)
+        if not events:
+            raise
         yield sse_error_event(error)
     except (asyncio.CancelledError, GeneratorExit):
         info.outcome = "client_disconnected"

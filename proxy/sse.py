@@ -11,19 +11,29 @@ from typing import Any
 import msgspec
 
 DONE = b"data: [DONE]"
+# An event larger than this is not a chat chunk: the upstream broke the format (or never ends
+# its events), and holding more of it would only grow the proxy's memory.
+MAX_EVENT_BYTES = 16 * 2**20
+
+
+class EventTooLarge(ValueError):
+    """The upstream sent more than MAX_EVENT_BYTES without ending an event."""
 
 
 class SSEDecoder:
     """Incremental SSE event splitter. Events end with a blank line; lines end with LF, CRLF or
-    a lone CR (all read as LF), also when a CRLF is cut in two by the network."""
+    a lone CR (all read as LF), also when a CRLF is cut in two by the network. Each byte is
+    looked at once, however an event is cut into reads."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._scanned = 0  # of the buffer, bytes known to hold no event's end
         self._cr = False  # the last read ended with CR: a LF starting the next one belongs to it
 
     def split(self, chunk: bytes) -> list[bytes]:
         """Every event completed by `chunk`, raw, each with its closing blank line; a partial
-        event stays buffered until the chunk that completes it."""
+        event stays buffered until the chunk that completes it (EventTooLarge past
+        MAX_EVENT_BYTES)."""
         if self._cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]
         self._cr = chunk.endswith(b"\r")
@@ -32,10 +42,15 @@ class SSEDecoder:
         self._buffer += chunk
         events: list[bytes] = []
         start = 0
-        while (end := self._buffer.find(b"\n\n", start)) >= 0:
-            events.append(self._buffer[start : end + 2])
-            start = end + 2
-        self._buffer = self._buffer[start:]
+        at = max(0, self._scanned - 1)  # (a blank line may straddle the last read's end)
+        while (end := self._buffer.find(b"\n\n", at)) >= 0:
+            events.append(bytes(self._buffer[start : end + 2]))
+            start = at = end + 2
+        if start:
+            del self._buffer[:start]
+        self._scanned = len(self._buffer)
+        if self._scanned > MAX_EVENT_BYTES:
+            raise EventTooLarge(f"the upstream sent an event of over {MAX_EVENT_BYTES} bytes")
         return events
 
     def feed(self, chunk: bytes) -> list[bytes]:
@@ -44,7 +59,7 @@ class SSEDecoder:
 
     def pending(self) -> bytes:
         """What arrived after the last complete event (and forget it)."""
-        rest, self._buffer = self._buffer, b""
+        rest, self._buffer, self._scanned = bytes(self._buffer), bytearray(), 0
         return rest
 
 

@@ -745,13 +745,23 @@ async def test_nothing_is_relayed_after_done(proxy_url: str, fake: FakeOpenAI) -
     assert "late" not in raw
 
 
+@pytest.mark.parametrize("asks_usage", [False, True], ids=["plain", "include_usage"])
+@pytest.mark.parametrize("mid_event", [False, True], ids=["between_events", "mid_event"])
 async def test_upstream_dying_mid_stream_raises_api_error_in_the_sdk(
-    client: openai.AsyncOpenAI, fake: FakeOpenAI
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, asks_usage: bool, mid_event: bool
 ) -> None:
+    """Also when the upstream dies inside an event (half of it sent) and the client asked for
+    the usage chunk: the error event is not glued onto the half event, which the SDK read as
+    broken JSON."""
     upstream = chat_reply({"model": "gpt-4o-mini", "messages": USER_HELLO, "stream": True})
-    fake.script.append(Reply(chunks=upstream.chunks, die_after=2))
+    assert upstream.chunks is not None
+    chunks = list(upstream.chunks)
+    if mid_event:
+        chunks[2:3] = [chunks[2][:30], chunks[2][30:]]
+    fake.script.append(Reply(chunks=chunks, die_after=3 if mid_event else 2))
+    options: dict[str, Any] = {"stream_options": {"include_usage": True}} if asks_usage else {}
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini", messages=USER_HELLO, stream=True
+        model="gpt-4o-mini", messages=USER_HELLO, stream=True, **options
     )
     received = []
     with pytest.raises(openai.APIError) as caught:
@@ -871,6 +881,38 @@ async def test_a_passthrough_path_is_sent_on_encoded_as_it_came(
         b"/v1/files/a%25b%20c/content",
         "x=1",
     )
+
+
+async def test_a_passed_through_file_the_upstream_breaks_off_reaches_the_client_cut_off(
+    proxy_url: str, fake: FakeOpenAI
+) -> None:
+    """Audio (any body that is not an event stream) whose upstream dies mid-way: the client's
+    read fails as the body is incomplete, rather than ending as if whole with an SSE error
+    event glued to the audio."""
+    audio = [b"ID3" + b"\x00" * 500, b"\x01" * 500]
+    fake.script.append(Reply(chunks=audio, die_after=1, headers={"content-type": "audio/mpeg"}))
+    got = b""
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with http.stream("POST", proxy_url + "/audio/speech", json={}) as response:
+                assert response.headers["content-type"] == "audio/mpeg"
+                async for piece in response.aiter_bytes():
+                    got += piece
+    assert got == audio[0]
+
+
+async def test_a_passed_through_event_stream_that_breaks_mid_event_ends_with_a_whole_error(
+    proxy_url: str, fake: FakeOpenAI
+) -> None:
+    """`/v1/responses` streamed, the upstream dying inside its second event: the client gets
+    the first event, then the error event, never half of the second glued to it."""
+    first, second = sse({"type": "response.created"}), sse({"type": "response.output_text"})
+    fake.script.append(Reply(chunks=[first, second[:12], second[12:]], die_after=2))
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
+        response = await http.post(proxy_url + "/responses", json={"stream": True})
+    events = sse_data(response.text)
+    assert [json.loads(e).get("type") for e in events[:1]] == ["response.created"]
+    assert len(events) == 2 and json.loads(events[1])["error"]["code"] == "upstream_unreachable"
 
 
 async def test_models_list_is_the_upstreams_without_an_allow_list(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.completions import ChatStreamObserver
-from proxy.sse import SSEDecoder
+from proxy.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
 
@@ -67,12 +67,28 @@ def test_every_cut_of_the_stream_reads_the_same_reply_and_drops_the_usage_chunk(
         assert all(b'"usage"' not in p for p in payloads), cut
 
 
-def test_a_client_that_asked_for_usage_gets_the_bytes_unchanged() -> None:
+def test_a_client_that_asked_for_usage_gets_every_event_whole_as_it_completes() -> None:
+    """Each event once it is whole (its line ends as LF), none split across what the client
+    reads: a stream that breaks mid-event ends with an error event of its own."""
     whole = stream(b"\r\n")
     pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
-    observer, out = observe(pieces, drop=False)
-    assert out == whole
+    observer = ChatStreamObserver(Chat(), drop_usage_chunk=False)  # type: ignore[arg-type]
+    out = [observer.feed(p) for p in pieces]
+    assert all(o == b"" or o.endswith(b"\n\n") for o in out)
+    assert b"".join(out) + observer.flush() == whole.replace(b"\r\n", b"\n")
     assert observer.reply.usage == USAGE
+
+
+def test_a_large_event_cut_into_many_reads_is_one_event_and_an_endless_one_is_refused() -> None:
+    """(A blank line may straddle two reads.) Past MAX_EVENT_BYTES without one, the upstream
+    is not sending chat chunks, and holding more would only grow the proxy's memory."""
+    decoder, big = SSEDecoder(), b"data: " + b"x" * 100_000 + b"\n\n"
+    events: list[bytes] = []
+    for i in range(0, len(big), 3):
+        events += decoder.split(big[i : i + 3])
+    assert events == [big] and decoder.pending() == b""
+    with pytest.raises(EventTooLarge):
+        decoder.split(b"data: " + b"x" * MAX_EVENT_BYTES)
 
 
 @pytest.mark.parametrize(
