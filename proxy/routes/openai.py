@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 from litestar import Request, Response, get, post, route
 from litestar.di import NamedDependency
 from litestar.enums import HttpMethod
+from litestar.exceptions import ClientException
 from litestar.params import FromPath
 
 from proxy.access import ClientWatch, request_info
@@ -35,13 +37,7 @@ async def chat_completions(
     model: str = body["model"]
     info.model = model
     info.stream = body.get("stream") is True
-    allowed = principal.tenant.models
-    if allowed is not None and model not in allowed:
-        raise NotFound(
-            f"The model '{model}' does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(principal, model)
     if info.stream:  # (a stream notices its client leaving as it relays)
         return await chat_completion(request, principal, services, body)
     watch = ClientWatch(request.receive)
@@ -49,6 +45,35 @@ async def chat_completions(
         return await chat_completion(request, principal, services, body)
     finally:
         watch.end(info)
+
+
+def check_model(principal: Principal, model: object) -> None:
+    """404 `model_not_found`, as OpenAI answers, for a model outside the tenant's allow-list."""
+    allowed = principal.tenant.models
+    if allowed is not None and model not in allowed:
+        raise NotFound(
+            f"The model '{model}' does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def requested_model(request: Request[Any, Any, Any], body: bytes) -> object:
+    """The `model` a passed-through request names (a JSON body's, or a form's field, as
+    transcriptions send it), or None."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type == "application/json":
+        try:
+            parsed = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            return None  # (the upstream says what is wrong with it)
+        return parsed.get("model") if isinstance(parsed, dict) else None
+    if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        try:
+            return (await request.form()).get("model")
+        except (ClientException, ValueError, LookupError):  # (a form Litestar cannot read,
+            return None  # a charset it does not know: the upstream says what is wrong)
+    return None
 
 
 @get("/v1/models", opt=CHAT, summary="List models")
@@ -96,6 +121,12 @@ async def passthrough(
 ) -> Response[Any]:
     """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
     check_passthrough_path(request.method, path)
+    body = await request.body()
+    if principal.tenant.models is not None:  # (a model named elsewhere than the body, as in
+        # GET /v1/models/{id}, reaches the upstream: it spends nothing)
+        model = await requested_model(request, body)
+        if model is not None:
+            check_model(principal, model)
     services.limits.admit(principal)  # counts the request; its tokens are not known here
     upstream = services.upstream_for(principal)
     started = time.perf_counter()
@@ -104,7 +135,7 @@ async def passthrough(
         path,
         request.scope.get("query_string", b""),
         {k.lower(): v for k, v in request.headers.items()},
-        await request.body(),
+        body,
     )
     request_info(request.scope).upstream_ms = (time.perf_counter() - started) * 1000
     return to_response(request, reply)

@@ -935,6 +935,31 @@ async def test_models_list_is_the_allow_list_when_set(
     assert fake.requests == []
 
 
+async def test_the_allow_list_holds_for_passed_through_endpoints_too(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> None:
+    """A tenant limited to some models cannot reach others through `/v1/embeddings`,
+    `/v1/responses` or a transcription's form: 404 `model_not_found`, nothing sent upstream;
+    allowed models, and requests naming none, pass through as before."""
+    fake, upstream_url = fake_upstream
+    url = serve_proxy(make_config(openai_upstream(upstream_url), models=["gpt-4o-mini"]))
+    async with sdk(url) as client:
+        for call in (
+            client.embeddings.create(model="text-embedding-3-large", input="hi"),
+            client.responses.create(model="o1-pro", input="hi"),
+            client.audio.transcriptions.create(model="whisper-1", file=("a.mp3", b"ID3")),
+        ):
+            with pytest.raises(openai.NotFoundError) as refused:
+                await call
+            assert refused.value.code == "model_not_found"
+        assert fake.requests == []
+        fake.script.append(Reply(body={"object": "list", "data": []}))
+        await client.embeddings.with_raw_response.create(model="gpt-4o-mini", input="hi")
+        fake.script.append(Reply(body={"object": "list", "data": [], "has_more": False}))
+        await client.files.with_raw_response.list()
+    assert [r.path for r in fake.requests] == ["/v1/embeddings", "/v1/files"]
+
+
 async def test_multipart_upload_reaches_the_upstream_unchanged(
     client: openai.AsyncOpenAI, fake: FakeOpenAI
 ) -> None:
