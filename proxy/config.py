@@ -12,8 +12,10 @@ import glob
 import hashlib
 import os
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -195,8 +197,15 @@ class UpstreamConfig(_Strict):
 
     @field_validator("base_url")
     @classmethod
-    def _strip_slash(cls, value: str | None) -> str | None:
-        return value.rstrip("/") if value else value
+    def _http_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host (without its last slash): anything else started fine and
+        then answered every request 502 `unreachable`."""
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("an http:// or https:// URL with a host is needed")
+        return value.rstrip("/")
 
 
 class PriceConfig(_Strict):
@@ -381,10 +390,13 @@ class Config(_Strict):
     tenants: dict[str, TenantConfig] = {}
 
 
+_HASHED_KEY = re.compile(r"sha256:([0-9a-f]{64})", re.IGNORECASE)
+
+
 def key_digest(key: str) -> str:
     """The stored form of an API key: `sha256:<hex>` keys as given, plain keys hashed."""
-    if key.startswith("sha256:"):
-        return key[len("sha256:") :].lower()
+    if hashed := _HASHED_KEY.fullmatch(key):
+        return hashed.group(1).lower()
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -508,22 +520,59 @@ def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope]]]:
 
 
 def _check_keys(config: Config) -> None:
-    """Each key usable (no client sends an empty one, nor spaces around it) and one tenant's."""
+    """Each key usable (no client sends an empty one, spaces around it, or characters an HTTP
+    header does not carry as they are), a hashed one a whole SHA-256 digest, and each listed
+    once, for one tenant."""
     seen: dict[str, str] = {}
     for name, tenant in config.tenants.items():
         for i, entry in enumerate(tenant.api_keys):
             key = entry if isinstance(entry, str) else entry.key
+            where = f"tenants.{name}.api_keys.{i}"
             if not key.strip() or key != key.strip():
                 raise ConfigError(
-                    f"tenants.{name}.api_keys.{i}: a key may not be empty or begin or end with "
-                    "a space (an environment variable set to nothing?)"
+                    f"{where}: a key may not be empty or begin or end with a space (an "
+                    "environment variable set to nothing?)"
                 )
-            digest = key_digest(key)
-            if digest in seen and seen[digest] != name:
+            if not (key.isascii() and key.isprintable()):
                 raise ConfigError(
-                    f"tenants.{name}.api_keys.{i}: key already belongs to tenant {seen[digest]!r}"
+                    f"{where}: a key is printable ASCII (a client's header would not match "
+                    "other characters)"
+                )
+            if key[:7].lower() == "sha256:" and not _HASHED_KEY.fullmatch(key):
+                raise ConfigError(f"{where}: a hashed key is 'sha256:' and the key's 64 hex digits")
+            digest = key_digest(key)
+            if digest in seen:
+                owner = seen[digest]
+                raise ConfigError(
+                    f"{where}: key listed twice for this tenant"
+                    if owner == name
+                    else f"{where}: key already belongs to tenant {owner!r}"
                 )
             seen[digest] = name
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML in which a key given twice in one mapping is an error: PyYAML keeps the last one
+    silently, so a tenant written twice would lose its first definition unnoticed."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # (`<<: *defaults`: what it merges in, the mapping's own keys override)
+        key = loader.construct_object(key_node)
+        if not isinstance(key, Hashable):
+            continue  # (construct_mapping says what is wrong with it)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} is given twice", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)  # (which reads the merge keys)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -532,7 +581,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeys)  # (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

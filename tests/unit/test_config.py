@@ -101,6 +101,46 @@ def test_a_key_no_client_could_send_is_an_error(
         load_config(path, environ=environ)
 
 
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ('["sha256:abc"]', "a hashed key is 'sha256:' and the key's 64 hex digits"),
+        ('["sha256:this-is-my-plain-key"]', "a hashed key is 'sha256:'"),
+        ('["clé-secrète"]', "a key is printable ASCII"),
+        ('["tab\\tkey"]', "a key is printable ASCII"),
+        ("[k1, {key: k1, scopes: [chat]}]", "key listed twice for this tenant"),
+        (f'["SHA256:{"ab" * 32}", "sha256:{"AB" * 32}"]', "key listed twice for this tenant"),
+    ],
+)
+def test_a_key_that_would_not_work_as_written_is_an_error(
+    tmp_path: Path, keys: str, message: str
+) -> None:
+    """A hashed key that is no digest never matches; an upper-case `SHA256:` prefix was read
+    as a plain key (the digest itself a working key); a key outside ASCII never matches the
+    header a client sends; a key listed twice had its last scopes win silently."""
+    path = write(tmp_path, f"tenants:\n  a: {{api_keys: {keys}}}\n")
+    with pytest.raises(ConfigError, match=r"^tenants\.a\.api_keys\.\d: " + message):
+        load_config(path, environ={})
+
+
+def test_an_upper_case_hashed_key_is_hashed(tmp_path: Path) -> None:
+    digest = hashlib.sha256(b"secret").hexdigest()
+    path = write(tmp_path, f'tenants:\n  a: {{api_keys: ["SHA256:{digest.upper()}"]}}\n')
+    assert tenant_keys(load_config(path, environ={})) == {
+        digest: ("a", frozenset({"chat", "manage"}))
+    }
+
+
+def test_a_key_given_twice_in_one_mapping_is_an_error(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys: the first tenant `a` was lost unnoticed."""
+    path = write(tmp_path, "tenants:\n  a: {api_keys: [k1]}\n  a: {api_keys: [k2]}\n")
+    with pytest.raises(ConfigError, match=r"line 3: not valid YAML \(the key 'a' is given twice"):
+        load_config(path, environ={})
+    merged = "tenants:\n  a: &a {api_keys: [k1], upstream: echo}\n  b: {<<: *a, api_keys: [k2]}\n"
+    config = load_config(write(tmp_path, merged), environ={})  # (a merge key is no repeat)
+    assert (config.tenants["b"].api_keys, config.tenants["b"].upstream) == (["k2"], "echo")
+
+
 def test_include_adds_tenants_and_rejects_duplicates(tmp_path: Path) -> None:
     write(
         tmp_path, "acme: {api_keys: [acme-key], context: {token_budget: 10}}\n", "tenants/acme.yaml"
@@ -251,3 +291,17 @@ tenants:
 """,
     )
     assert "smalltalk" in load_config(path, environ={}).tenants["a"].intent.policies
+
+
+@pytest.mark.parametrize("url", ["localhost:9/v1", "ftp://host/v1", "http:///v1", "/v1"])
+def test_an_upstream_url_without_scheme_or_host_is_an_error_at_start(
+    tmp_path: Path, url: str
+) -> None:
+    """It used to start, then answer every request 502 `unreachable`."""
+    path = write(
+        tmp_path,
+        f'upstreams:\n  o: {{kind: openai, base_url: "{url}", api_key: x}}\n'
+        "tenants:\n  a: {api_keys: [k], upstream: o}\n",
+    )
+    with pytest.raises(ConfigError, match=r"^upstreams\.o\.base_url: .*http:// or https://"):
+        load_config(path, environ={})
