@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -31,6 +31,7 @@ from policies.identity import (
 )
 from policies.intent import Intent
 from policies.summaries import JOB_KIND as SUMMARIZE
+from policies.summaries import KIND as HISTORY_SUMMARY
 from policies.tokens import count_message, message_text
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.config import ContextSettings
@@ -45,6 +46,7 @@ from storage.repositories.conversations import SUPERSEDED, Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
+from storage.repositories.summaries import Summaries
 
 log = structlog.get_logger("memproxy.memory")
 T = TypeVar("T")
@@ -175,6 +177,19 @@ def answered_since(
         elif meta["reply_to"] == reply_to and status == "complete":
             return True
     return False
+
+
+def _fork_points(tail: Sequence[MessageRecord]) -> list[str | None]:
+    """The chain hashes of the stored messages a client may have gone another way from: from
+    the first reply stored in the tail on. What came before the first reply is what the
+    conversation's opening request carried, which a thin client may send again and again (a
+    greeting, instructions as a first user message, few-shot examples): going back there is
+    no fork, and taking it for one would set the whole conversation aside."""
+    first = next(
+        (i for i, m in enumerate(tail) if m.role == "assistant" and "reply_to" in m.meta),
+        len(tail),
+    )
+    return [m.chain_hash for m in tail[first:]]
 
 
 def _new_messages(
@@ -574,7 +589,7 @@ class ConversationMemory:
             chain_count,
             chain_hash,
             [m.to_openai() for m in tail],
-            [m.chain_hash for m in tail] if retry is None and forks else (),
+            _fork_points(tail) if retry is None and forks else (),
         )
         if split.fork:
             # The client went another way from a stored message (a regenerated answer, an
@@ -586,6 +601,10 @@ class ConversationMemory:
             at = next(m.seq for m in tail if m.chain_hash == base)
             if writing:
                 conv = conversations.fork(conv, at, split.fork, base, now=now())
+                # (A history summary may cover the branch left: made again as needed.)
+                Summaries(conn).delete_subjects(
+                    turn.tenant_id, turn.user_id, [conv.id], kind=HISTORY_SUMMARY
+                )
             else:
                 conv = replace(conv, chain_count=split.fork, chain_hash=base)
             turn.conversation = conv
@@ -690,9 +709,12 @@ def finish_in(
             )
             if fresh is None:  # deleted meanwhile: the reply goes nowhere, nor any job
                 conv = None
-            elif answered_since(conversations, conv, reply_to):
+            elif answered_since(conversations, conv, reply_to) or conversations.set_aside(
+                turn.tenant_id, conv.pk, reply_to
+            ):
                 # Another attempt at the same turn (a retry that overtook this one)
-                # answered it first: keep this reply for the record, outside the chain.
+                # answered it first, or the client went another way from before the turn
+                # meanwhile (a fork): keep this reply for the record, outside the chain.
                 # (A turn stored meanwhile is answered after it: the reply follows it.)
                 store(fresh, SUPERSEDED if status == "complete" else status)
             else:

@@ -275,9 +275,12 @@ class Conversations:
         `chain_count` long, ending in `chain_hash`): its client went another way from there.
         The complete messages after it stay stored, as `superseded`: outside the chain, not
         attached, searched or embedded. StaleConversation, nothing written, if anything was
-        appended since `conversation` was read."""
+        appended since `conversation` was read; a writer that read it before the fork finds
+        it stale in turn."""
         changes: dict[str, Any] = {
-            "next_seq": conversation.next_seq,
+            # One seq left unused: the conversation changed for whoever read it before
+            # (a turn of the branch left, still waiting for its reply, finds it stale).
+            "next_seq": conversation.next_seq + 1,
             "chain_count": chain_count,
             "chain_hash": chain_hash,
             "updated_at": now,
@@ -407,6 +410,18 @@ class Conversations:
             .order_by(M.c.seq)
         ).all()
         return [(int(r[0]), str(r[1]), r[2] or {}) for r in rows]
+
+    def set_aside(self, tenant_id: str, conversation_pk: int, seq: int) -> bool:
+        """Whether the message at `seq` was set aside (`superseded`: its client went
+        another way from before it)."""
+        status = self.conn.execute(
+            select(M.c.status).where(
+                M.c.tenant_id == tenant_id,
+                M.c.conversation_pk == conversation_pk,
+                M.c.seq == seq,
+            )
+        ).scalar_one_or_none()
+        return status == SUPERSEDED
 
     def first_seq_of_exchange(
         self, tenant_id: str, conversation_pk: int, exchange_id: str, *, last: bool = False

@@ -108,21 +108,23 @@ class Summaries:
         rows = self.conn.execute(query.order_by(S.c.pk).limit(limit))
         return [_record(r) for r in rows]
 
-    def delete_subjects(self, tenant_id: str, user_id: str, subjects: Sequence[str]) -> int:
-        """Delete every summary (of any kind) the user has about these subjects: a
-        conversation's id (its history's, its tool results' and inline documents') or an
+    def delete_subjects(
+        self, tenant_id: str, user_id: str, subjects: Sequence[str], *, kind: str | None = None
+    ) -> int:
+        """Delete every summary (of any kind, or of `kind`) the user has about these subjects:
+        a conversation's id (its history's, its tool results' and inline documents') or an
         attachment's. The user's only: a client may name a conversation like another user's
         attachment, and their summaries are not its."""
         if not subjects:
             return 0
-        result = self.conn.execute(
-            delete(S).where(
-                S.c.tenant_id == tenant_id,
-                S.c.user_id == user_id,
-                S.c.subject.in_(list(subjects)),
-            )
+        chosen = delete(S).where(
+            S.c.tenant_id == tenant_id,
+            S.c.user_id == user_id,
+            S.c.subject.in_(list(subjects)),
         )
-        return int(result.rowcount)
+        if kind is not None:
+            chosen = chosen.where(S.c.kind == kind)
+        return int(self.conn.execute(chosen).rowcount)
 
     def delete_user(self, tenant_id: str, user_id: str) -> int:
         result = self.conn.execute(

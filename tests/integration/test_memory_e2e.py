@@ -7,6 +7,7 @@ fake upstream's recorded requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -306,6 +307,63 @@ async def test_a_regenerate_retried_under_its_idempotency_key_is_stored_once(
         "q3",
         answer("q3")["content"],
     ]
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        [assistant("Hi! How can I help?")],
+        [user("Answer in one line.")],
+        [{"role": "system", "content": "Classify."}, user("I love it"), assistant("positive")],
+    ],
+    ids=["greeting", "instructions_as_user", "few_shot"],
+)
+async def test_a_thin_client_that_opens_every_request_alike_keeps_its_history(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI, opening: list[Message]
+) -> None:
+    """A canned greeting, instructions sent as a first user message, or few-shot examples
+    before each new message: resending what the conversation opened with is no fork, so the
+    earlier turns are attached and none is set aside."""
+    headers = thin("opening")
+    for text in ("q1", "q2", "q3"):
+        await chat(client, [*opening, user(text)], headers)
+    sent = fake.chat_requests[-1]["messages"]
+    said = [m["content"] for m in sent if m not in opening]
+    assert said == ["q1", answer("q1")["content"], "q2", answer("q2")["content"], "q3"]
+    assert {m["status"] for m in await api.messages("opening")} == {"complete"}
+
+
+async def test_a_turn_of_the_branch_left_answered_after_the_fork_is_set_aside(
+    client: openai.AsyncOpenAI, fake: FakeOpenAI, api: MemoryAPI
+) -> None:
+    """A turn on the old branch waits for its reply while the client regenerates the answer
+    before it: that turn's reply is kept outside the chain, and the branch the client is on
+    stays whole (its count, and what a thin turn gets)."""
+    headers = thin("race")
+    history: list[Message] = [{"role": "system", "content": "Be brief."}]
+    for text in ("u1", "u2"):
+        history.append(user(text))
+        reply, _ = await chat(client, history, headers)
+        history.append(reply)
+    held = model_said("reply to u3")
+    held.hold = True
+    fake.script = [held, model_said("a2, regenerated")]
+    old_branch = asyncio.ensure_future(chat(client, [*history, user("u3")], headers))
+    await eventually(lambda: asyncio.sleep(0, result=len(fake.chat_requests) == 3))
+    regenerated, _ = await chat(client, history[:-1], headers)
+    fake.release.set()
+    await old_branch
+    stored = await api.messages("race")
+    assert [(m["content"], m["status"]) for m in stored[-4:]] == [
+        (history[-1]["content"], "superseded"),
+        ("u3", "superseded"),
+        (regenerated["content"], "complete"),
+        ("reply to u3", "superseded"),
+    ]
+    [listed] = [c for c in await api.conversations("alice") if c["id"] == "race"]
+    assert listed["message_count"] == 5
+    await chat(client, [history[0], user("u4")], headers)
+    assert fake.chat_requests[-1]["messages"] == [*history[:-1], regenerated, user("u4")]
 
 
 async def test_history_resent_under_a_changing_system_prompt_is_stored_once(

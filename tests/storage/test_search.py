@@ -127,9 +127,9 @@ async def test_deletes_and_edits_reach_the_index(db: Database) -> None:
 async def test_a_forked_conversation_keeps_the_branch_left_out_of_its_chain_and_search(
     db: Database,
 ) -> None:
-    """The client went another way from the second message: the messages after it stay
+    """The client went another way from the first message: the messages after it stay
     stored, `superseded`, out of the tail and the index (and PostgreSQL's word counts); the
-    chain ends at the fork; a conversation moved on since it was read is not forked."""
+    chain ends at the fork, and whoever read the conversation before finds it changed."""
     conv = await new_conversation(
         db,
         "c1",
@@ -143,7 +143,7 @@ async def test_a_forked_conversation_keeps_the_branch_left_out_of_its_chain_and_
         return repo.fork(conv, first.seq, 1, first.chain_hash, now=at(60))
 
     forked = await db.write(fork)
-    assert (forked.chain_count, forked.next_seq) == (1, conv.next_seq)
+    assert (forked.chain_count, forked.next_seq) == (1, conv.next_seq + 1)
     listed = await db.read(lambda c: Conversations(c).messages("t1", conv.pk))
     assert [(m.content, m.status) for m in listed] == [
         ("which gazebo", "complete"),
@@ -157,13 +157,13 @@ async def test_a_forked_conversation_keeps_the_branch_left_out_of_its_chain_and_
     if not db.is_sqlite:
         kept, recounted = await db.read(word_counts)
         assert kept == recounted
-    await db.write(
-        lambda c: Conversations(c).append(
-            forked, "alice", chained(forked, [msg("user", "hi")]), now=at(61)
+    reply = [msg("assistant", "late")]
+    with pytest.raises(StaleConversation):  # a writer that read it before the fork
+        await db.write(
+            lambda c: Conversations(c).append(conv, "alice", chained(conv, reply), now=at(61))
         )
-    )
-    with pytest.raises(StaleConversation):  # (`forked` was read before that append)
-        await db.write(lambda c: Conversations(c).fork(forked, 1, 1, "x", now=at(62)))
+    with pytest.raises(StaleConversation):  # nor forked again from what it read
+        await db.write(lambda c: Conversations(c).fork(conv, 1, 1, "x", now=at(62)))
 
 
 async def test_partial_replies_system_and_tool_messages_are_not_searched(db: Database) -> None:

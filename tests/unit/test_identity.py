@@ -128,15 +128,18 @@ def test_a_sliding_window_client_gets_the_older_history_it_left_out() -> None:
     assert result == Split(new=[u("q10")], attach_history=True, overlap=6)
 
 
-def test_the_turn_after_a_regenerated_first_answer_forks_at_the_first_question() -> None:
-    """Regenerating the first answer sends one message after the instructions, which a thin
-    client does too: it is taken as a thin turn. The next request resends the new answer and
-    forks there, so the answer left is not attached."""
-    assert split(STORED, [sys(), u("q1")]).fork == 0
-    after = [sys(), u("q1"), a("a1, again"), u("q2")]
-    assert split(STORED, after) == Split(
-        new=[a("a1, again"), u("q2")], attach_history=False, fork=2
+def test_a_fork_goes_back_only_to_the_points_it_is_given() -> None:
+    """The proxy gives the stored messages from the first stored reply on: a request that
+    repeats only what came before it (the opening request's greeting or examples, resent by a
+    thin client every time) is no fork."""
+    chain = chain_hashes(STORED)
+    after_first_reply = [None, None, *chain[2:]]
+    greeting = [sys(), u("q1"), u("q3")]
+    assert split_request(greeting, chain_hashes(greeting), 5, chain[-1], STORED, chain).fork == 2
+    result = split_request(
+        greeting, chain_hashes(greeting), 5, chain[-1], STORED, after_first_reply
     )
+    assert result == Split(new=[u("q1"), u("q3")], attach_history=True)
 
 
 def test_a_client_that_keeps_the_first_exchange_and_the_latest_is_no_fork() -> None:
