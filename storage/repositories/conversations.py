@@ -250,17 +250,22 @@ class Conversations:
             "chain_hash": chain_hash,
             "updated_at": now,
         }
+        self._advance(conversation, changes)
+        self.conn.execute(_INSERT_MESSAGES, _rows(conversation, user_id, seq, messages, now))
+        return replace(conversation, **changes)
+
+    def _advance(self, conversation: ConversationRecord, changes: dict[str, Any]) -> None:
+        """Write `changes` to the conversation's row if nothing was appended since it was read
+        (its `next_seq`); StaleConversation otherwise."""
         where = {
             "w_tenant": conversation.tenant_id,
             "w_pk": conversation.pk,
             "w_id": conversation.id,
             "w_owner": conversation.user_id,
-            "w_seq": seq,
+            "w_seq": conversation.next_seq,
         }
         if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
             raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
-        self.conn.execute(_INSERT_MESSAGES, _rows(conversation, user_id, seq, messages, now))
-        return replace(conversation, **changes)
 
     def fork(
         self,
@@ -285,15 +290,7 @@ class Conversations:
             "chain_hash": chain_hash,
             "updated_at": now,
         }
-        where = {
-            "w_tenant": conversation.tenant_id,
-            "w_pk": conversation.pk,
-            "w_id": conversation.id,
-            "w_owner": conversation.user_id,
-            "w_seq": conversation.next_seq,
-        }
-        if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
-            raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
+        self._advance(conversation, changes)
         self.conn.execute(
             update(M)
             .where(
