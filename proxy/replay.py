@@ -412,10 +412,11 @@ class SpillReplayer:
         else:
             # The turn's own write landed late (its documents were not stored with it), and
             # its outcome, if any, comes in a later round: the documents go in now, or never.
-            conv = _conversation_of(Conversations(conn), found) if documents else None
-            if found.mode == "full" and conv is not None:
-                self._store(conn, head, conv.pk, documents)
-                return "amended"
+            if documents and found.mode == "full":
+                conv = _conversation_of(Conversations(conn), found)
+                if conv is not None:
+                    self._store(conn, head, conv.pk, documents)
+                    return "amended"
             return "duplicate"
         if documents and turn.mode == "full" and turn.conversation is not None:
             # (Also when the turn's own write landed late: the documents were not stored.)

@@ -4,6 +4,7 @@ brought back, refused turns recorded, and an unreachable database leaves the spi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from proxy.replay import (
     spilled_turn,
 )
 from proxy.requests import Inline
-from proxy.spill import SpillFile
+from proxy.spill import Spilled, SpillFile
 from proxy.storage_circuit import StorageCircuit
 from storage.database import Database
 from storage.errors import StorageUnavailable
@@ -76,8 +77,10 @@ async def spill_turn(
     user_id: str = "alice",
     at: datetime | None = None,
     conversation_id: str = "c1",
-) -> None:
-    """A degraded request of a thin client: its turn, then (if it ended) its outcome."""
+    documents: Sequence[Inline] = (),
+) -> Spilled:
+    """A degraded request of a thin client: its turn (returned), then (if it ended) its
+    outcome."""
     at = at or datetime.now(UTC)
     turn = spilled_turn(
         request_id=request_id,
@@ -91,11 +94,13 @@ async def spill_turn(
         messages=[user(text)],
         upstream="main",
         stream=False,
+        documents=documents,
     )
     await spill.add(turn, bounded=True)
     if answer is not None:
         outcome = spilled_outcome("t1", user_id, request_id, at, reply(answer), turn=None)
         await spill.add(outcome, bounded=False)
+    return turn
 
 
 async def messages(db: Database, conversation_id: str = "c1") -> list[tuple[str, Any, str]]:
@@ -308,21 +313,8 @@ async def test_a_late_landed_turn_keeps_its_documents_when_its_outcome_comes_a_r
     stored with the conversation, once."""
     turn = await begin(ConversationMemory(db), [user("read the notes")], conversation_id="c1")
     at = datetime.now(UTC)
-    entry = spilled_turn(
-        request_id=turn.request_id,
-        tenant_id="t1",
-        user_id="alice",
-        started_at=at,
-        mode="full",
-        model="gpt-4o-mini",
-        conversation_id="c1",
-        idempotency_key=None,
-        messages=[user("read the notes")],
-        upstream="main",
-        stream=True,
-        documents=[Inline("The launch code is PURPLE-42.", title="notes")],
-    )
-    await spill.add(entry, bounded=True)
+    notes = [Inline("The launch code is PURPLE-42.", title="notes")]
+    entry = await spill_turn(spill, turn.request_id, "read the notes", None, at=at, documents=notes)
     assert await replayer(spill, db).replay() == {"amended": 1}
     outcome = spilled_outcome("t1", "alice", turn.request_id, at, reply("read"), turn=None)
     await spill.add(outcome, bounded=False)
