@@ -42,7 +42,7 @@ import httpx
 from policies.recall import STOPWORDS
 from policies.tokens import _encoding, encoding_name
 from proxy.app import create_app
-from proxy.config import (
+from proxy.core.config import (
     AttachmentSettings,
     Config,
     ContextSettings,
@@ -51,8 +51,8 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
-from proxy.logs import configure_logging
-from proxy.offline import prepare_offline_environment
+from proxy.core.logs import configure_logging
+from proxy.core.offline import prepare_offline_environment
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
 

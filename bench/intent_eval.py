@@ -36,9 +36,9 @@ import httpx
 
 from policies.intent import Intent, KeywordClassifier, llm_request, parse_llm_reply
 from policies.intent_labels import DEFAULT_LABELS
-from proxy.config import UpstreamConfig
-from proxy.sse import reply_from_completion
+from proxy.core.config import UpstreamConfig
 from proxy.upstream.openai import OpenAIUpstream
+from proxy.upstream.sse import reply_from_completion
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "intent_eval.jsonl"
 TUNE = DATA.with_name("intent_tune.jsonl")

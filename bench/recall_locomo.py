@@ -47,7 +47,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.tokens import count_message
 from proxy.app import create_app
-from proxy.config import (
+from proxy.core.config import (
     Config,
     ContextSettings,
     DatabaseConfig,
@@ -57,8 +57,8 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
-from proxy.logs import configure_logging
-from proxy.offline import prepare_offline_environment
+from proxy.core.logs import configure_logging
+from proxy.core.offline import prepare_offline_environment
 from tests.fakes.openai_upstream import FakeOpenAI, concept_embedding
 from tests.fakes.server import ServerThread
 

@@ -13,7 +13,8 @@ in.
   `open_seconds`; then one trial call goes through (*half-open*), and its outcome closes or
   reopens the circuit. A success closes it; a 4xx counts as a success (the upstream answered).
   What counts as a failure is the caller's to say: the upstreams' (`is_failure`) in
-  proxy/upstream/resilient.py, storage's (unreachable, too slow) in proxy/storage_circuit.py,
+  proxy/upstream/resilient.py, storage's (unreachable, too slow) in
+  proxy/durability/storage_circuit.py,
   which also closes the circuit early (`close`) when its own work shows the database is back.
 """
 

@@ -56,5 +56,5 @@ def decode(blob: bytes, dims: int | None = None) -> list[float]:
     return values.tolist()
 
 
-# The job queue's name for embedding stored messages (proxy/embedding_jobs.py).
+# The job queue's name for embedding stored messages (proxy/background/embedding_jobs.py).
 EMBED_JOB_KIND = "embed_messages"

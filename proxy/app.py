@@ -20,33 +20,33 @@ from policies.jobs import RetryPolicy
 from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
-from proxy.access import access_hook
-from proxy.catalog import ModelCatalog
-from proxy.charges import MemoryCharges
-from proxy.config import Config
-from proxy.costs import COST_HEADERS, Pricer
+from proxy.accounting.catalog import ModelCatalog
+from proxy.accounting.charges import MemoryCharges
+from proxy.accounting.costs import COST_HEADERS, Pricer
+from proxy.accounting.limits import LimitKeeper
+from proxy.accounting.metrics import Metrics
+from proxy.background.embeddings import check_embeddings
+from proxy.background.jobs import JobRunner
+from proxy.background.maintenance import Maintenance
+from proxy.core.access import access_hook
+from proxy.core.config import Config
+from proxy.core.errors import EXCEPTION_HANDLERS
+from proxy.core.offline import prepare_offline_environment
+from proxy.core.requests import before_handler
+from proxy.core.slow_bodies import limit_body_waits
+from proxy.core.user_paths import keep_user_ids_whole
 from proxy.deps import provide_principal, provide_services
-from proxy.embeddings import check_embeddings
-from proxy.errors import EXCEPTION_HANDLERS
-from proxy.exchange_batch import DeferredExchanges
-from proxy.jobs import JobRunner
-from proxy.limits import LimitKeeper
-from proxy.maintenance import Maintenance
-from proxy.memory import ANONYMOUS, ConversationMemory
-from proxy.metrics import Metrics
-from proxy.offline import prepare_offline_environment
+from proxy.durability.spill import SpillFile
+from proxy.durability.storage_circuit import StorageCircuit
+from proxy.pipeline.exchange_batch import DeferredExchanges
+from proxy.pipeline.memory import ANONYMOUS, ConversationMemory
+from proxy.pipeline.replay import SpillReplayer, Wanted
 from proxy.reload import ConfigReloader, Configured, configure, price_book
-from proxy.replay import SpillReplayer, Wanted
-from proxy.requests import before_handler
 from proxy.routes import attachments as attachments_routes
 from proxy.routes import export, memories, memory, openai, ops, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
-from proxy.slow_bodies import limit_body_waits
-from proxy.spill import SpillFile
 from proxy.state import AppState, new_http_client
-from proxy.storage_circuit import StorageCircuit
-from proxy.user_paths import keep_user_ids_whole
 from storage import migrate
 from storage.database import Database
 
@@ -296,8 +296,8 @@ def create_app(
         openapi_config=OpenAPIConfig(title="memproxy", version="0.1.0", path="/schema"),
         logging_config=None,
     )
-    # Before the router: a user id holding "/" stays one path segment (proxy/user_paths.py);
-    # a body that stops arriving is a 408 (proxy/slow_bodies.py).
+    # Before the router: a user id holding "/" stays one path segment (proxy/core/user_paths.py);
+    # a body that stops arriving is a 408 (proxy/core/slow_bodies.py).
     app.asgi_handler = keep_user_ids_whole(
         limit_body_waits(app.asgi_handler, config.server.body_timeout_seconds)
     )

@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-from proxy.config import Config, ConfigError, load_config
+from proxy.core.config import Config, ConfigError, load_config
 
 DEFAULT_CONFIG = "config.yaml"
 
@@ -20,7 +20,8 @@ def _path(given: str | None) -> str:
 
 
 def _load(path: str) -> Config:
-    from proxy.embeddings import check_embeddings  # (imports the app's modules: only here)
+    # (imports the app's modules: only here)
+    from proxy.background.embeddings import check_embeddings
 
     try:
         config = load_config(path)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ok: {len(config.tenants)} tenants, upstreams: {', '.join(config.upstreams)}")
         return
     from proxy.app import create_app
-    from proxy.logs import configure_logging
+    from proxy.core.logs import configure_logging
 
     if args.command == "migrate":
         configure_logging("warning", "console")  # (waits for the database, on stderr)

@@ -7,10 +7,10 @@ from typing import Any, cast
 from litestar import Request
 from litestar.di import NamedDependency
 
-from proxy.access import request_info
-from proxy.auth import Principal
-from proxy.config import Scope
-from proxy.requests import refuse_unknown
+from proxy.core.access import request_info
+from proxy.core.auth import Principal
+from proxy.core.config import Scope
+from proxy.core.requests import refuse_unknown
 from proxy.state import AppState
 
 

@@ -25,22 +25,22 @@ import httpx
 import structlog
 
 from policies.pricing import Price, PriceBook
-from proxy.artifacts import Artifacts
-from proxy.auth import KeyRing
-from proxy.catalog import ModelCatalog
-from proxy.charges import MemoryCharges
-from proxy.config import Config, ConfigError, load_config
-from proxy.embedding_jobs import MessageEmbedder
-from proxy.embeddings import Embeddings, check_embeddings
-from proxy.extraction import MemoryExtractor
-from proxy.intent import IntentClassifiers
-from proxy.memory import ConversationMemory
-from proxy.metrics import Metrics
+from proxy.accounting.catalog import ModelCatalog
+from proxy.accounting.charges import MemoryCharges
+from proxy.accounting.metrics import Metrics
+from proxy.background.embedding_jobs import MessageEmbedder
+from proxy.background.embeddings import Embeddings, check_embeddings
+from proxy.background.extraction import MemoryExtractor
+from proxy.background.vector_index import VectorIndex
+from proxy.core.auth import KeyRing
+from proxy.core.config import Config, ConfigError, load_config
+from proxy.pipeline.artifacts import Artifacts
+from proxy.pipeline.intent import IntentClassifiers
+from proxy.pipeline.memory import ConversationMemory
+from proxy.pipeline.summaries import HistorySummarizer
 from proxy.state import build_upstream
-from proxy.summaries import HistorySummarizer
 from proxy.upstream.base import Upstream
 from proxy.upstream.litellm import LiteLLMUpstream
-from proxy.vector_index import VectorIndex
 from storage.database import Database
 
 log = structlog.get_logger("memproxy.config")

@@ -9,30 +9,30 @@ from typing import Any
 
 import httpx
 
-from proxy.artifacts import Artifacts
-from proxy.auth import KeyRing, Principal
-from proxy.catalog import ModelCatalog
-from proxy.charges import MemoryCharges
-from proxy.config import Config, UpstreamConfig
-from proxy.costs import Pricer
-from proxy.embeddings import Embeddings
-from proxy.exchange_batch import DeferredExchanges
-from proxy.extraction import MemoryExtractor
-from proxy.http_shards import SHARDS, ShardedTransport
-from proxy.intent import IntentClassifiers
-from proxy.jobs import JobRunner
-from proxy.limits import LimitKeeper
-from proxy.memory import ConversationMemory
-from proxy.metrics import Metrics
-from proxy.replay import SpillReplayer
-from proxy.shutdown import ShutdownDeadline
-from proxy.spill import SpillFile
+from proxy.accounting.catalog import ModelCatalog
+from proxy.accounting.charges import MemoryCharges
+from proxy.accounting.costs import Pricer
+from proxy.accounting.limits import LimitKeeper
+from proxy.accounting.metrics import Metrics
+from proxy.background.embeddings import Embeddings
+from proxy.background.extraction import MemoryExtractor
+from proxy.background.jobs import JobRunner
+from proxy.background.vector_index import VectorIndex
+from proxy.core.auth import KeyRing, Principal
+from proxy.core.config import Config, UpstreamConfig
+from proxy.core.shutdown import ShutdownDeadline
+from proxy.durability.spill import SpillFile
+from proxy.pipeline.artifacts import Artifacts
+from proxy.pipeline.exchange_batch import DeferredExchanges
+from proxy.pipeline.intent import IntentClassifiers
+from proxy.pipeline.memory import ConversationMemory
+from proxy.pipeline.replay import SpillReplayer
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
+from proxy.upstream.http_shards import SHARDS, ShardedTransport
 from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
 from proxy.upstream.resilient import ResilientUpstream
-from proxy.vector_index import VectorIndex
 from storage.database import Database
 
 EXPORTS_AT_ONCE = 2
@@ -114,7 +114,7 @@ class _NoCookies(httpx.Cookies):
 
 def new_http_client() -> httpx.AsyncClient:
     """One pooled keep-alive client for every upstream (its connections in `SHARDS` pools:
-    proxy/http_shards.py); per-upstream timeouts go per request."""
+    proxy/upstream/http_shards.py); per-upstream timeouts go per request."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     client = httpx.AsyncClient(
         transport=ShardedTransport.pools(SHARDS, limits),

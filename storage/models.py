@@ -354,8 +354,8 @@ class UsageCounter(Base):
 
 class Erasure(Base):
     """When a user was last erased. Turns spilled to a replica's local file while the database
-    was away (proxy/spill.py) are replayed only if they began after it, so an erasure cannot
-    be undone by a replay. The user is named by a hash of the tenant and user id
+    was away (proxy/durability/spill.py) are replayed only if they began after it, so an erasure
+    cannot be undone by a replay. The user is named by a hash of the tenant and user id
     (storage/repositories/erasures.py), not by the id, which would outlive the erasure."""
 
     __tablename__ = "erasures"

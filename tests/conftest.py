@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from proxy.app import create_app
-from proxy.config import Config, DatabaseConfig, TenantConfig, UpstreamConfig
-from proxy.logs import configure_logging
-from proxy.offline import prepare_offline_environment
+from proxy.core.config import Config, DatabaseConfig, TenantConfig, UpstreamConfig
+from proxy.core.logs import configure_logging
+from proxy.core.offline import prepare_offline_environment
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
 

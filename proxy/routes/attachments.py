@@ -23,13 +23,13 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
-from proxy.auth import Principal
-from proxy.config import ServerConfig
-from proxy.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
-from proxy.errors import BadRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
-from proxy.memory import now
-from proxy.requests import MAX_SOURCE, MAX_TITLE, parse_json_object, refuse_unknown
-from proxy.responses import json_response
+from proxy.core.auth import Principal
+from proxy.core.config import ServerConfig
+from proxy.core.errors import BadRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
+from proxy.core.json_responses import json_response
+from proxy.core.requests import MAX_SOURCE, MAX_TITLE, parse_json_object, refuse_unknown
+from proxy.pipeline.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
+from proxy.pipeline.memory import now
 from proxy.routes.memory import MANAGE, limit_param, manage, page
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord

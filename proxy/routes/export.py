@@ -29,15 +29,15 @@ from litestar.params import FromPath
 from litestar.response import Stream
 from sqlalchemy import Connection
 
-from proxy.auth import Principal
-from proxy.memory import now
+from proxy.core.auth import Principal
+from proxy.core.user_paths import user_in_path
+from proxy.pipeline.memory import now
 from proxy.routes.attachments import attachment_object
 from proxy.routes.jobs import job_object
 from proxy.routes.memories import memory_object
 from proxy.routes.memory import MANAGE, conversation_object, message_object, user_param
 from proxy.routes.usage import exchange_object
 from proxy.state import AppState
-from proxy.user_paths import user_in_path
 from storage.database import Snapshot
 from storage.records import (
     AttachmentRecord,

@@ -11,9 +11,9 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
-from proxy.auth import Principal
-from proxy.errors import BadRequest, NotFound
-from proxy.responses import json_response
+from proxy.core.auth import Principal
+from proxy.core.errors import BadRequest, NotFound
+from proxy.core.json_responses import json_response
 from proxy.routes.memory import MANAGE, limit_param, manage, page, user_param
 from proxy.state import AppState
 from storage.records import JobRecord

@@ -7,8 +7,8 @@ from typing import Any
 from litestar import Response, get
 from litestar.di import NamedDependency
 
-from proxy.auth import Principal
-from proxy.responses import json_response
+from proxy.core.auth import Principal
+from proxy.core.json_responses import json_response
 from proxy.routes.memory import MANAGE
 from proxy.state import AppState
 

@@ -13,11 +13,11 @@ from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from policies.recall import query_terms
-from proxy.auth import Principal
-from proxy.errors import BadRequest, NotFound
-from proxy.memory import now
-from proxy.requests import parse_json_object
-from proxy.responses import json_response
+from proxy.core.auth import Principal
+from proxy.core.errors import BadRequest, NotFound
+from proxy.core.json_responses import json_response
+from proxy.core.requests import parse_json_object
+from proxy.pipeline.memory import now
 from proxy.routes.memory import MANAGE, limit_param, manage, page, user_param
 from proxy.state import AppState
 from storage.records import MemoryRecord

@@ -16,15 +16,21 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
-from proxy.auth import Principal
-from proxy.completions import CONVERSATION_ID
-from proxy.embedding_jobs import queue_range
-from proxy.errors import BadRequest, Conflict, NotFound
-from proxy.memory import ANONYMOUS, ConversationMemory, TokenCounter, new_conversation_id, now
-from proxy.requests import check_messages, parse_json_object
-from proxy.responses import json_response
+from proxy.background.embedding_jobs import queue_range
+from proxy.core.auth import Principal
+from proxy.core.errors import BadRequest, Conflict, NotFound
+from proxy.core.json_responses import json_response
+from proxy.core.requests import check_messages, parse_json_object
+from proxy.core.user_paths import user_in_path
+from proxy.pipeline.memory import (
+    ANONYMOUS,
+    ConversationMemory,
+    TokenCounter,
+    new_conversation_id,
+    now,
+)
+from proxy.protocols.chat import CONVERSATION_ID
 from proxy.state import AppState
-from proxy.user_paths import user_in_path
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
 from storage.repositories.attachments import Attachments

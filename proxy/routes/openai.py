@@ -12,13 +12,13 @@ from litestar.enums import HttpMethod
 from litestar.exceptions import ClientException
 from litestar.params import FromPath
 
-from proxy.access import ClientWatch, request_info
-from proxy.auth import Principal
-from proxy.completions import chat_completion
-from proxy.errors import NotFound
-from proxy.relay import to_response
-from proxy.requests import check_chat_request, parse_json_object
-from proxy.responses import json_response
+from proxy.core.access import ClientWatch, request_info
+from proxy.core.auth import Principal
+from proxy.core.errors import NotFound
+from proxy.core.json_responses import json_response
+from proxy.core.requests import check_chat_request, parse_json_object
+from proxy.protocols.chat import chat_completion
+from proxy.protocols.relay import to_response
 from proxy.state import AppState
 from proxy.upstream.base import model_list
 

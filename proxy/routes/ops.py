@@ -10,8 +10,8 @@ from typing import Any
 from litestar import Request, Response, get, head
 from litestar.di import NamedDependency
 
-from proxy.errors import AuthenticationFailed
-from proxy.metrics import CONTENT_TYPE
+from proxy.accounting.metrics import CONTENT_TYPE
+from proxy.core.errors import AuthenticationFailed
 from proxy.state import AppState
 from storage.errors import StorageError
 

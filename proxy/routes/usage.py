@@ -18,11 +18,11 @@ from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from policies.pricing import USD_DIGITS
-from proxy.auth import Principal
-from proxy.errors import BadRequest, NotFound
-from proxy.memory import now
-from proxy.requests import parse_timestamp
-from proxy.responses import json_response
+from proxy.core.auth import Principal
+from proxy.core.errors import BadRequest, NotFound
+from proxy.core.json_responses import json_response
+from proxy.core.requests import parse_timestamp
+from proxy.pipeline.memory import now
 from proxy.routes.memory import MANAGE, manage, user_param
 from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals

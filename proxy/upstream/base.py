@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from proxy.errors import NotFound
+from proxy.core.errors import NotFound
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from policies.tokens import count_messages, count_text, message_text
-from proxy.config import UpstreamConfig
+from proxy.core.config import UpstreamConfig
 from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
 
 _PREVIEW_CHARS = 200

@@ -18,8 +18,8 @@ import httpx
 import msgspec
 import structlog
 
-from proxy.config import UpstreamConfig
-from proxy.errors import (
+from proxy.core.config import UpstreamConfig
+from proxy.core.errors import (
     ProxyError,
     UpstreamError,
     UpstreamStatusError,
@@ -27,7 +27,7 @@ from proxy.errors import (
     UpstreamUnreachable,
     error_body,
 )
-from proxy.logs import LITELLM_LOGGERS
+from proxy.core.logs import LITELLM_LOGGERS
 from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
 from proxy.upstream.headers import passthrough_headers
 

@@ -11,8 +11,8 @@ import httpx
 import msgspec
 import structlog
 
-from proxy.config import UpstreamConfig
-from proxy.errors import (
+from proxy.core.config import UpstreamConfig
+from proxy.core.errors import (
     UpstreamError,
     UpstreamRedirect,
     UpstreamTimeout,

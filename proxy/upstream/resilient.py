@@ -21,8 +21,8 @@ from typing import Any
 import structlog
 
 from policies.resilience import CircuitBreaker, is_failure, retry_delay
-from proxy.config import UpstreamConfig
-from proxy.errors import (
+from proxy.core.config import UpstreamConfig
+from proxy.core.errors import (
     ServiceUnavailable,
     UpstreamError,
     UpstreamRedirect,

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from policies.tokens import count_message
-from proxy.config import (
+from proxy.core.config import (
     AttachmentSettings,
     Config,
     ContextSettings,

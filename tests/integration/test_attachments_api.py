@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config import ServerConfig, UpstreamConfig
+from proxy.core.config import ServerConfig, UpstreamConfig
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.pdf import pdf_with_pages

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.config import ServerConfig, UpstreamConfig
+from proxy.core.config import ServerConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 

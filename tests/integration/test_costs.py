@@ -16,7 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import Config, Limits, PriceConfig, ServerConfig, UpstreamConfig
+from proxy.core.config import Config, Limits, PriceConfig, ServerConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, sse
 

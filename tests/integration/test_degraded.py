@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from structlog.testing import capture_logs
 
 from policies.chunks import counted_chunks
-from proxy.config import (
+from proxy.core.config import (
     Config,
     ContextSettings,
     DatabaseConfig,
@@ -42,8 +42,8 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
-from proxy.memory import ConversationMemory
-from proxy.spill import Spilled, SpillFile
+from proxy.durability.spill import Spilled, SpillFile
+from proxy.pipeline.memory import ConversationMemory
 from tests.fakes.openai_upstream import FakeOpenAI, model_said
 from tests.postgres import PostgresServer
 

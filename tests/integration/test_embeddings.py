@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config import Config, ContextSettings, MemorySettings, UpstreamConfig
-from proxy.embedding_jobs import CHUNK
-from proxy.embeddings import UPSTREAM_BATCH
+from proxy.background.embedding_jobs import CHUNK
+from proxy.background.embeddings import UPSTREAM_BATCH
+from proxy.core.config import Config, ContextSettings, MemorySettings, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, concept_embedding, error_reply
 from tests.integration.test_recall import recall_section

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import Connection, inspect, text
 
 from proxy.app import create_app
-from proxy.config import Config, ServerConfig, UpstreamConfig
+from proxy.core.config import Config, ServerConfig, UpstreamConfig
 from storage.database import Database
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures

@@ -17,7 +17,7 @@ import openai
 import pytest
 import yaml
 
-from proxy.config import (
+from proxy.core.config import (
     Config,
     MemorySettings,
     PriceConfig,

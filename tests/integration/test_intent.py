@@ -18,8 +18,7 @@ import openai
 import pytest
 
 from policies.intent import KeywordClassifier
-from proxy import completions
-from proxy.config import (
+from proxy.core.config import (
     Config,
     IntentPolicy,
     IntentSettings,
@@ -27,6 +26,7 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
+from proxy.protocols import chat as completions
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.config import Config, TenantConfig, UpstreamConfig
+from proxy.core.config import Config, TenantConfig, UpstreamConfig
 from tests.fakes.openai_upstream import FakeOpenAI
 
 TENANTS = {"t1": "key-one", "t2": "key-two"}

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.config import Config, Limits, PriceConfig, UpstreamConfig
+from proxy.core.config import Config, Limits, PriceConfig, UpstreamConfig
 from storage import migrate
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI

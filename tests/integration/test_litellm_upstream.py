@@ -19,9 +19,9 @@ import httpx
 import openai
 import pytest
 
-from proxy import completions
 from proxy.app import create_app
-from proxy.config import Config, TimeoutConfig, UpstreamConfig
+from proxy.core.config import Config, TimeoutConfig, UpstreamConfig
+from proxy.protocols import chat as completions
 from proxy.upstream.litellm import LiteLLMUpstream
 from tests.conftest import KEY, make_config
 from tests.fakes.anthropic_upstream import (

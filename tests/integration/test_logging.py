@@ -141,8 +141,8 @@ def test_json_logs_are_json_throughout_and_probes_stay_quiet(tmp_path: Path) -> 
 def test_litellm_records_come_once_as_json_and_not_its_debug_lines() -> None:
     script = """
 import logging, warnings
-from proxy.offline import prepare_offline_environment
-from proxy.logs import configure_logging
+from proxy.core.offline import prepare_offline_environment
+from proxy.core.logs import configure_logging
 from proxy.upstream.litellm import _import_litellm
 prepare_offline_environment()
 configure_logging("debug", "json")

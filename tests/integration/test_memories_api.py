@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.config import ContextSettings, UpstreamConfig
+from proxy.core.config import ContextSettings, UpstreamConfig
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from proxy.app import create_app
-from proxy.config import UpstreamConfig
+from proxy.core.config import UpstreamConfig
 from storage.repositories.erasures import Erasures
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI

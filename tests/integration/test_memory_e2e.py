@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from proxy.app import create_app
-from proxy.config import Config, ContextSettings, TenantConfig, UpstreamConfig
+from proxy.core.config import Config, ContextSettings, TenantConfig, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import (
     FakeOpenAI,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
+from proxy.core.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply
 from tests.openapi_check import assert_openai_shape, openai_shape_errors

@@ -11,8 +11,9 @@ import openai
 import pytest
 
 from policies.tokens import count_message
-from proxy import artifacts, completions
-from proxy.config import Config, ContextSettings, UpstreamConfig
+from proxy.core.config import Config, ContextSettings, UpstreamConfig
+from proxy.pipeline import artifacts
+from proxy.protocols import chat as completions
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 

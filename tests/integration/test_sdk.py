@@ -18,10 +18,10 @@ import pytest
 from pydantic import BaseModel
 
 from proxy import app as app_module
-from proxy.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
-from proxy.http_shards import SHARDS
-from proxy.memory import ConversationMemory
-from proxy.metrics import Metrics
+from proxy.accounting.metrics import Metrics
+from proxy.core.config import Config, ServerConfig, TimeoutConfig, UpstreamConfig
+from proxy.pipeline.memory import ConversationMemory
+from proxy.upstream.http_shards import SHARDS
 from tests.conftest import CHAT_ONLY_KEY, KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, chat_reply, sse
 

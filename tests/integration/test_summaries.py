@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from policies.summaries import HEADER, JOB_KIND
-from proxy.config import (
+from proxy.core.config import (
     Config,
     ContextSettings,
     PriceConfig,
@@ -22,7 +22,7 @@ from proxy.config import (
     TenantConfig,
     UpstreamConfig,
 )
-from proxy.summaries import MAX_MESSAGES
+from proxy.pipeline.summaries import MAX_MESSAGES
 from tests.conftest import KEY
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply, model_said
 from tests.fakes.server import ServerThread

@@ -15,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.config import BreakerConfig, RetryConfig, UpstreamConfig
+from proxy.core.config import BreakerConfig, RetryConfig, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, error_reply
 

@@ -14,8 +14,8 @@ from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.jobs import RetryPolicy
-from proxy.jobs import Apply, JobFailed, JobRunner
-from proxy.metrics import Metrics
+from proxy.accounting.metrics import Metrics
+from proxy.background.jobs import Apply, JobFailed, JobRunner
 from storage.database import Database
 from storage.records import JobRecord
 from storage.repositories.jobs import Jobs

@@ -1,4 +1,4 @@
-"""LimitKeeper (proxy/limits.py) on real SQLite and PostgreSQL databases: local decisions,
+"""LimitKeeper (proxy/accounting/limits.py) on real SQLite and PostgreSQL databases: local decisions,
 counts shared between keepers through the database, restarts, and a database that fails."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from proxy.auth import Principal
-from proxy.config import ALL_SCOPES, Config, Limits, TenantConfig
-from proxy.errors import RateLimited
-from proxy.limits import LimitKeeper
+from proxy.accounting.limits import LimitKeeper
+from proxy.core.auth import Principal
+from proxy.core.config import ALL_SCOPES, Config, Limits, TenantConfig
+from proxy.core.errors import RateLimited
 from storage.database import Database
 from storage.repositories.counters import Counters, WindowCount
 from storage.repositories.exchanges import Exchanges

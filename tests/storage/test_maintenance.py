@@ -10,9 +10,9 @@ from datetime import timedelta
 
 from sqlalchemy import Connection, func, select, update
 
-from proxy.config import Config, TenantConfig
-from proxy.maintenance import Maintenance
-from proxy.memory import now
+from proxy.background.maintenance import Maintenance
+from proxy.core.config import Config, TenantConfig
+from proxy.pipeline.memory import now
 from storage.database import Database
 from storage.models import ATTACHMENT_CHUNKS, JOBS, MESSAGES, SUMMARIES
 from storage.repositories.attachments import Attachments, new_attachment_id

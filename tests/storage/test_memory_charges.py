@@ -1,4 +1,4 @@
-"""The proxy's own model calls charged to an exchange after the fact (proxy/charges.py): the
+"""The proxy's own model calls charged to an exchange after the fact (proxy/accounting/charges.py): the
 record, the tenant's budget counters and the metrics, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from sqlalchemy import text as sql
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.pricing import Price, PriceBook, Usage
-from proxy.charges import MemoryCharges
-from proxy.config import Config, Limits, TenantConfig
-from proxy.costs import Pricer
-from proxy.limits import LimitKeeper
-from proxy.metrics import Metrics
+from proxy.accounting.charges import MemoryCharges
+from proxy.accounting.costs import Pricer
+from proxy.accounting.limits import LimitKeeper
+from proxy.accounting.metrics import Metrics
+from proxy.core.config import Config, Limits, TenantConfig
 from storage.database import Database
 from storage.records import NewExchange
 from storage.repositories.exchanges import Exchanges

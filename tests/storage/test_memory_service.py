@@ -15,13 +15,13 @@ from sqlalchemy import Connection, func, select, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from policies.pricing import Usage
-from proxy.config import ContextSettings
-from proxy.costs import Bill
-from proxy.errors import Conflict, NotFound, Unprocessable
-from proxy.exchange_batch import DeferredExchanges
-from proxy.memory import ConversationMemory, Mode, Outcome, TokenCounter, Turn
+from proxy.accounting.costs import Bill
+from proxy.core.config import ContextSettings
+from proxy.core.errors import Conflict, NotFound, Unprocessable
+from proxy.durability.spill import SpillFile
+from proxy.pipeline.exchange_batch import DeferredExchanges
+from proxy.pipeline.memory import ConversationMemory, Mode, Outcome, TokenCounter, Turn
 from proxy.routes.memory import erase_user
-from proxy.spill import SpillFile
 from storage.database import Database
 from storage.models import EXCHANGES
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord

@@ -14,8 +14,8 @@ from alembic import command
 from sqlalchemy import Connection, event, inspect, text, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from proxy.config import Config, TenantConfig
-from proxy.maintenance import Maintenance
+from proxy.background.maintenance import Maintenance
+from proxy.core.config import Config, TenantConfig
 from proxy.routes.memory import erase_user
 from storage import migrate
 from storage.database import Database

@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 
 from policies.pricing import Usage
-from proxy.config import UpstreamConfig
-from proxy.costs import Bill
-from proxy.memory import ConversationMemory, Outcome, pending_row
-from proxy.metrics import Metrics
-from proxy.replay import (
+from proxy.accounting.costs import Bill
+from proxy.accounting.metrics import Metrics
+from proxy.core.config import UpstreamConfig
+from proxy.core.requests import Inline
+from proxy.durability.spill import Spilled, SpillFile
+from proxy.durability.storage_circuit import StorageCircuit
+from proxy.pipeline.memory import ConversationMemory, Outcome, pending_row
+from proxy.pipeline.replay import (
     SpillReplayer,
     Wanted,
     spilled_charge,
@@ -25,9 +28,6 @@ from proxy.replay import (
     spilled_record,
     spilled_turn,
 )
-from proxy.requests import Inline
-from proxy.spill import Spilled, SpillFile
-from proxy.storage_circuit import StorageCircuit
 from storage.database import Database
 from storage.errors import StorageUnavailable
 from storage.repositories.attachments import Attachments

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection, delete
 
 from policies.vectors import encode
-from proxy.vector_index import VectorIndex
+from proxy.background.vector_index import VectorIndex
 from storage.database import Database
 from storage.models import MESSAGES
 from storage.records import ConversationRecord

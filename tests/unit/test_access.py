@@ -11,10 +11,10 @@ from litestar import Litestar, Request, get
 from litestar.di import NamedDependency, Provide
 from litestar.handlers import HTTPRouteHandler
 
-from proxy import access
 from proxy.app import create_app
-from proxy.config import Config
-from proxy.requests import before_handler
+from proxy.core import access
+from proxy.core.config import Config
+from proxy.core.requests import before_handler
 
 
 @get("/hello", sync_to_thread=False)

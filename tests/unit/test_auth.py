@@ -4,9 +4,9 @@ import hashlib
 
 import pytest
 
-from proxy.auth import KeyRing
-from proxy.config import Config, TenantConfig
-from proxy.errors import AuthenticationFailed, PermissionDenied
+from proxy.core.auth import KeyRing
+from proxy.core.config import Config, TenantConfig
+from proxy.core.errors import AuthenticationFailed, PermissionDenied
 
 
 def ring() -> KeyRing:

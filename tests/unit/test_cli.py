@@ -42,7 +42,7 @@ def test_config_path_comes_from_the_environment(
 def test_migrate_creates_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The command sets up logging for its process; this one keeps the suite's (structlog's
     # cached loggers would otherwise escape `capture_logs` in later tests).
-    monkeypatch.setattr("proxy.logs.configure_logging", lambda *args: None)
+    monkeypatch.setattr("proxy.core.logs.configure_logging", lambda *args: None)
     db = tmp_path / "m.db"
     path = tmp_path / "c.yaml"
     path.write_text(
@@ -78,7 +78,7 @@ def test_serve_warns_when_metrics_are_open_beyond_this_machine(
 ) -> None:
     """/metrics carries every tenant's name and spend: open to any network the port is on,
     the start-up log says so."""
-    monkeypatch.setattr("proxy.logs.configure_logging", lambda *args: None)
+    monkeypatch.setattr("proxy.core.logs.configure_logging", lambda *args: None)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # (not started)
     path = tmp_path / "c.yaml"
     key = "null" if metrics_key is None else metrics_key

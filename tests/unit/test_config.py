@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, load_config, tenant_keys
+from proxy.core.config import ConfigError, load_config, tenant_keys
 
 REPO = Path(__file__).resolve().parents[2]
 

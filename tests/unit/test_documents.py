@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.documents import extract_text, index_text, media_type_of
-from proxy.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from proxy.core.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
+from proxy.pipeline.documents import extract_text, index_text, media_type_of
 from tests.fakes.pdf import encrypted, pdf_with_pages
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from policies.tokens import count_messages
-from proxy.config import UpstreamConfig
+from proxy.core.config import UpstreamConfig
 from proxy.upstream.echo import EchoUpstream
 from tests.fakes.openai_upstream import collect
 

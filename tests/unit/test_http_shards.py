@@ -1,4 +1,4 @@
-"""Upstream requests spread over several connection pools (proxy/http_shards.py)."""
+"""Upstream requests spread over several connection pools (proxy/upstream/http_shards.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 import httpx
 import pytest
 
-from proxy.http_shards import ShardedTransport
 from proxy.state import new_http_client
+from proxy.upstream.http_shards import ShardedTransport
 
 
 def recording(name: str, seen: list[str]) -> httpx.MockTransport:

@@ -19,7 +19,7 @@ from policies.intent import (
     turn_and_history,
 )
 from policies.intent_labels import DEFAULT_LABELS, LabelSpec
-from proxy.config import ConfigError, IntentSettings, load_config
+from proxy.core.config import ConfigError, IntentSettings, load_config
 
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "give me three names for a bakery"},

@@ -9,7 +9,7 @@ import inspect
 from litestar.handlers import HTTPRouteHandler
 
 from proxy.app import create_app
-from proxy.config import Config
+from proxy.core.config import Config
 
 
 def test_no_hook_dependency_or_handler_runs_in_a_worker_thread() -> None:

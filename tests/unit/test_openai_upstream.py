@@ -8,8 +8,8 @@ import httpx
 import pytest
 import respx
 
-from proxy.config import TimeoutConfig, UpstreamConfig
-from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.core.config import TimeoutConfig, UpstreamConfig
+from proxy.core.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.openai import OpenAIUpstream
 from tests.fakes.openai_upstream import collect
 

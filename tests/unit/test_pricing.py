@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from policies.pricing import Price, PriceBook, Usage, cost, format_usd, parse_usage
-from proxy.catalog import ModelCatalog
+from proxy.accounting.catalog import ModelCatalog
 
 OVERRIDE = Price.per_million(0.5, 1.5, 0.25)
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 from litestar import Request
 
-from proxy import relay
-from proxy.relay import to_response
+from proxy.protocols import relay
+from proxy.protocols.relay import to_response
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.openai import ResponseChunks
 from tests.polling import eventually

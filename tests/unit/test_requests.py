@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import BadRequest
-from proxy.requests import check_chat_request, parse_json_object
+from proxy.core.errors import BadRequest
+from proxy.core.requests import check_chat_request, parse_json_object
 
 GOOD: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

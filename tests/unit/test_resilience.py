@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from policies.resilience import CircuitBreaker, is_failure, retry_delay
-from proxy.config import BreakerConfig, RetryConfig, UpstreamConfig
-from proxy.errors import UpstreamStatusError, UpstreamTimeout, UpstreamUnreachable
+from proxy.core.config import BreakerConfig, RetryConfig, UpstreamConfig
+from proxy.core.errors import UpstreamStatusError, UpstreamTimeout, UpstreamUnreachable
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.resilient import CircuitOpen, ResilientUpstream
 

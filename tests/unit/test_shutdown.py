@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from proxy.shutdown import ShutdownDeadline, ShuttingDown
+from proxy.core.shutdown import ShutdownDeadline, ShuttingDown
 
 
 async def test_a_wait_still_running_at_the_deadline_is_cut_with_an_error() -> None:

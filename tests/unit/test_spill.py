@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.replay import grouped
-from proxy.spill import Spilled, SpillFile, SpillFull
+from proxy.durability.spill import Spilled, SpillFile, SpillFull
+from proxy.pipeline.replay import grouped
 
 AT = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 

@@ -10,8 +10,8 @@ from typing import Any, cast
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.memory import ConversationMemory
-from proxy.storage_circuit import StorageCircuit, StorageCircuitOpen
+from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
+from proxy.pipeline.memory import ConversationMemory
 from storage.database import Database
 from storage.errors import ConflictError, StorageTimeout, StorageUnavailable
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.completions import ChatStreamObserver
-from proxy.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
+from proxy.protocols.chat import ChatStreamObserver
+from proxy.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
 

@@ -6,7 +6,7 @@ from urllib.parse import quote, unquote
 
 import pytest
 
-from proxy.user_paths import PREFIX, routed_path, user_in_path
+from proxy.core.user_paths import PREFIX, routed_path, user_in_path
 
 
 @pytest.mark.parametrize(

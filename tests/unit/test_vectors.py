@@ -1,5 +1,5 @@
 """The stored form of embeddings (policies/vectors.py), and the start-up check of what a
-configuration's embeddings need (proxy/embeddings.py)."""
+configuration's embeddings need (proxy/background/embeddings.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 from policies.pricing import Usage
 from policies.vectors import DTYPE, BadVector, decode, encode, normalised
-from proxy import embeddings
-from proxy.config import ConfigError, MemorySettings, UpstreamConfig
-from proxy.embeddings import UPSTREAM_BATCH, EmbeddingError, UpstreamEmbedder
+from proxy.background import embeddings
+from proxy.background.embeddings import UPSTREAM_BATCH, EmbeddingError, UpstreamEmbedder
+from proxy.core.config import ConfigError, MemorySettings, UpstreamConfig
 from proxy.upstream.base import UpstreamReply
 from tests.conftest import make_config
 

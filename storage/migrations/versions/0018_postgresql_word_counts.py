@@ -9,7 +9,7 @@ messages themselves. Statement triggers keep it in step with every insert, edit 
 a message, in the same transaction, so an erased user's words go with their messages, and a
 count that falls to zero is deleted; a TRUNCATE of the messages empties it.
 
-Not counted: the `anonymous` user (`proxy.memory.ANONYMOUS`), who recalls within one
+Not counted: the `anonymous` user (`proxy.pipeline.memory.ANONYMOUS`), who recalls within one
 conversation only (counted there when searched): one count shared by every anonymous
 conversation of a tenant would make all their writes wait for each other.
 

