@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proxy.pipeline.memory import Outcome
+from proxy.pipeline.turn import Outcome
 
 MAX_MODELS = 100
 OTHER_MODEL = "other"

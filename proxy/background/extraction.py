@@ -35,7 +35,7 @@ from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.metrics import Metrics
 from proxy.background.jobs import Apply, JobFailed, ask_model
 from proxy.core.config import Config
-from proxy.pipeline.memory import ANONYMOUS
+from proxy.pipeline.turn import ANONYMOUS
 from proxy.upstream.base import Upstream
 from storage.database import Database
 from storage.errors import StorageError

@@ -26,7 +26,7 @@ import structlog
 from sqlalchemy import Connection
 
 from proxy.core.config import Config
-from proxy.pipeline.memory import now
+from proxy.pipeline.turn import now
 from storage.database import Database
 from storage.errors import StorageError
 from storage.repositories.conversations import Conversations

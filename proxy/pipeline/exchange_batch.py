@@ -13,8 +13,9 @@ import structlog
 from sqlalchemy import Connection
 
 from proxy.durability.spill import SpillFile
-from proxy.pipeline.memory import Outcome, Turn, pending_row
 from proxy.pipeline.replay import spilled_record
+from proxy.pipeline.reply import pending_row
+from proxy.pipeline.turn import Outcome, Turn
 from storage.database import Database
 from storage.errors import StorageError, StorageUnavailable
 from storage.repositories.erasures import Erasures

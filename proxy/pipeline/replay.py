@@ -37,17 +37,10 @@ from proxy.core.requests import Inline
 from proxy.durability.spill import Spilled, SpillFile
 from proxy.pipeline.artifacts import Chunked, chunked, store_documents
 from proxy.pipeline.intent import record_intent
-from proxy.pipeline.memory import (
-    ConversationMemory,
-    IntentOf,
-    Mode,
-    Outcome,
-    TokenCounter,
-    Turn,
-    answered_since,
-    finish_in,
-    opening,
-)
+from proxy.pipeline.memory import ConversationMemory
+from proxy.pipeline.reply import answered_since, finish_in
+from proxy.pipeline.turn import IntentOf, Mode, Outcome, TokenCounter, Turn
+from proxy.pipeline.turn_store import begin_in, opening
 from storage.errors import ConflictError, StorageError, StorageUnavailable
 from storage.records import ConversationRecord, ExchangeRecord
 from storage.repositories.conversations import Conversations
@@ -448,7 +441,7 @@ class SpillReplayer:
         )
         messages = data["messages"]
         try:
-            self.memory.begin_in(
+            begin_in(
                 turn,
                 exchange,
                 data.get("conversation_id"),

@@ -42,7 +42,7 @@ from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.metrics import Metrics
 from proxy.background.jobs import Apply, JobFailed, ask_model
 from proxy.core.config import Config, TenantSettings
-from proxy.pipeline.memory import Turn
+from proxy.pipeline.turn import Turn
 from proxy.state import AppState
 from proxy.upstream.base import Upstream
 from storage.database import Database

@@ -40,10 +40,10 @@ from proxy.durability.spill import Spilled, SpillFull
 from proxy.durability.storage_circuit import StorageCircuitOpen
 from proxy.pipeline.artifacts import NOTHING_ATTACHED, Attached
 from proxy.pipeline.intent import LLMIntent, record_intent
-from proxy.pipeline.memory import ANONYMOUS, Mode, Outcome, Turn, classify, now
 from proxy.pipeline.recall import NOTHING, Recall, recall
 from proxy.pipeline.replay import spilled_charge, spilled_intent, spilled_outcome, spilled_turn
 from proxy.pipeline.summaries import summarize_history
+from proxy.pipeline.turn import ANONYMOUS, Mode, Outcome, Turn, classify, now
 from proxy.protocols.relay import to_response
 from proxy.state import AppState
 from proxy.upstream.sse import (

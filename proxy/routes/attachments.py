@@ -29,7 +29,7 @@ from proxy.core.errors import BadRequest, NotFound, PayloadTooLarge, Unsupported
 from proxy.core.json_responses import json_response
 from proxy.core.requests import MAX_SOURCE, MAX_TITLE, parse_json_object, refuse_unknown
 from proxy.pipeline.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
-from proxy.pipeline.memory import now
+from proxy.pipeline.turn import now
 from proxy.routes.memory import MANAGE, limit_param, manage, page
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord

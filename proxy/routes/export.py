@@ -31,7 +31,7 @@ from sqlalchemy import Connection
 
 from proxy.core.auth import Principal
 from proxy.core.user_paths import user_in_path
-from proxy.pipeline.memory import now
+from proxy.pipeline.turn import now
 from proxy.routes.attachments import attachment_object
 from proxy.routes.jobs import job_object
 from proxy.routes.memories import memory_object

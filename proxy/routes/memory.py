@@ -22,13 +22,8 @@ from proxy.core.errors import BadRequest, Conflict, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import check_messages, parse_json_object
 from proxy.core.user_paths import user_in_path
-from proxy.pipeline.memory import (
-    ANONYMOUS,
-    ConversationMemory,
-    TokenCounter,
-    new_conversation_id,
-    now,
-)
+from proxy.pipeline.memory import ConversationMemory
+from proxy.pipeline.turn import ANONYMOUS, TokenCounter, new_conversation_id, now
 from proxy.protocols.chat import CONVERSATION_ID
 from proxy.state import AppState
 from storage.errors import ConflictError

@@ -22,7 +22,7 @@ from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import parse_timestamp
-from proxy.pipeline.memory import now
+from proxy.pipeline.turn import now
 from proxy.routes.memory import MANAGE, manage, user_param
 from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, func, select, update
 
 from proxy.background.maintenance import Maintenance
 from proxy.core.config import Config, TenantConfig
-from proxy.pipeline.memory import now
+from proxy.pipeline.turn import now
 from storage.database import Database
 from storage.models import ATTACHMENT_CHUNKS, JOBS, MESSAGES, SUMMARIES
 from storage.repositories.attachments import Attachments, new_attachment_id

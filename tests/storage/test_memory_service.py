@@ -20,7 +20,8 @@ from proxy.core.config import ContextSettings
 from proxy.core.errors import Conflict, NotFound, Unprocessable
 from proxy.durability.spill import SpillFile
 from proxy.pipeline.exchange_batch import DeferredExchanges
-from proxy.pipeline.memory import ConversationMemory, Mode, Outcome, TokenCounter, Turn
+from proxy.pipeline.memory import ConversationMemory
+from proxy.pipeline.turn import Mode, Outcome, TokenCounter, Turn
 from proxy.routes.memory import erase_user
 from storage.database import Database
 from storage.models import EXCHANGES

@@ -18,7 +18,7 @@ from proxy.core.config import UpstreamConfig
 from proxy.core.requests import Inline
 from proxy.durability.spill import Spilled, SpillFile
 from proxy.durability.storage_circuit import StorageCircuit
-from proxy.pipeline.memory import ConversationMemory, Outcome, pending_row
+from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import (
     SpillReplayer,
     Wanted,
@@ -28,6 +28,8 @@ from proxy.pipeline.replay import (
     spilled_record,
     spilled_turn,
 )
+from proxy.pipeline.reply import pending_row
+from proxy.pipeline.turn import Outcome
 from storage.database import Database
 from storage.errors import StorageUnavailable
 from storage.repositories.attachments import Attachments
