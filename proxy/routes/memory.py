@@ -22,9 +22,9 @@ from proxy.core.errors import BadRequest, Conflict, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import check_messages, parse_json_object
 from proxy.core.user_paths import user_in_path
+from proxy.pipeline.identify import CONVERSATION_ID
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.turn import ANONYMOUS, TokenCounter, new_conversation_id, now
-from proxy.protocols.chat import CONVERSATION_ID
 from proxy.state import AppState
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord

@@ -26,7 +26,7 @@ from proxy.core.config import (
     TenantConfig,
     UpstreamConfig,
 )
-from proxy.protocols import chat as completions
+from proxy.pipeline import exchange as turn_exchange
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
@@ -185,14 +185,14 @@ async def test_in_mode_off_the_intent_is_found_while_the_upstream_works(
         upstream_had["classified"] = upstream_requests()
         return keyword(self, *args, **kwargs)
 
-    count = completions.count_prompt
+    count = turn_exchange.count_prompt
 
     async def count_prompt(*args: Any, **kwargs: Any) -> int:
         upstream_had["counted"] = upstream_requests()
         return await count(*args, **kwargs)
 
     monkeypatch.setattr(KeywordClassifier, "classify", classify)
-    monkeypatch.setattr(completions, "count_prompt", count_prompt)
+    monkeypatch.setattr(turn_exchange, "count_prompt", count_prompt)
     _, http = sessions()
     body = {"model": "gpt-4o-mini", "messages": ask("what is the boiling point of water?")}
     async with http.stream(

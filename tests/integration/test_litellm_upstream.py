@@ -21,7 +21,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.core.config import Config, TimeoutConfig, UpstreamConfig
-from proxy.protocols import chat as completions
+from proxy.pipeline import exchange
 from proxy.upstream.litellm import LiteLLMUpstream
 from tests.conftest import KEY, make_config
 from tests.fakes.anthropic_upstream import (
@@ -316,14 +316,14 @@ async def test_a_streams_prompt_is_counted_while_litellm_works(
         events.append("returned")
         return reply
 
-    count = completions.count_prompt
+    count = exchange.count_prompt
 
     async def counting(*args: Any, **kwargs: Any) -> int:
         events.append("counting")
         return await count(*args, **kwargs)
 
     monkeypatch.setattr(LiteLLMUpstream, "chat_completions", calling)
-    monkeypatch.setattr(completions, "count_prompt", counting)
+    monkeypatch.setattr(exchange, "count_prompt", counting)
     stream = await client.chat.completions.create(model=MODEL, messages=HELLO, stream=True)
     assert [chunk async for chunk in stream]
     assert events == ["counting", "returned"]

@@ -12,8 +12,7 @@ import pytest
 
 from policies.tokens import count_message
 from proxy.core.config import Config, ContextSettings, UpstreamConfig
-from proxy.pipeline import artifacts
-from proxy.protocols import chat as completions
+from proxy.pipeline import artifacts, recall_turn
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
 
@@ -166,7 +165,7 @@ async def test_an_anonymous_turn_opening_its_conversation_reads_nothing_back(
 
         return called
 
-    monkeypatch.setattr(completions, "recall", spy("recall", completions.recall))
+    monkeypatch.setattr(recall_turn, "recall", spy("recall", recall_turn.recall))
     monkeypatch.setattr(artifacts, "read_sources", spy("attachments", artifacts.read_sources))
     sdk, _ = clients
     anonymous = {"X-Memory-User-Id": "anonymous", "X-Memory-Conversation-Id": "one-shot"}

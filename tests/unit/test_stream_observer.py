@@ -3,23 +3,17 @@ bytes, and the usage-only chunk is left out for a client that did not ask for it
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from proxy.protocols.chat import ChatStreamObserver
+from proxy.pipeline.observe import StreamEnd, StreamWatch
+from proxy.protocols.chat import ChatReader
 from proxy.upstream.sse import MAX_EVENT_BYTES, EventTooLarge, SSEDecoder
 
 USAGE = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-
-
-@dataclass
-class Chat:
-    """The one thing the observer reads of its exchange while feeding."""
-
-    request_id: str = "req_test"
 
 
 def event(payload: Any, newline: bytes = b"\n") -> bytes:
@@ -41,8 +35,22 @@ def stream(newline: bytes = b"\n", usage_chunk: dict[str, Any] | None = None) ->
     return b"".join(event(p, newline) for p in parts) + event("[DONE]", newline)
 
 
-def observe(pieces: list[bytes], *, drop: bool) -> tuple[ChatStreamObserver, bytes]:
-    observer = ChatStreamObserver(Chat(), drop_usage_chunk=drop)  # type: ignore[arg-type]
+def watch(*, drop: bool) -> StreamWatch:
+    """A chat stream's watch, as a turn has it; nothing settles while feeding."""
+    return StreamWatch(
+        ChatReader(drop_usage_chunk=drop),
+        request_id="req_test",
+        settle=settle_nothing,
+        spawn=asyncio.ensure_future,
+    )
+
+
+async def settle_nothing(end: StreamEnd) -> None:
+    pass
+
+
+def observe(pieces: list[bytes], *, drop: bool) -> tuple[StreamWatch, bytes]:
+    observer = watch(drop=drop)
     out = b"".join(observer.feed(p) for p in pieces) + observer.flush()
     return observer, out
 
@@ -59,9 +67,9 @@ def test_every_cut_of_the_stream_reads_the_same_reply_and_drops_the_usage_chunk(
     whole = stream(newline)
     for cut in range(1, len(whole)):
         observer, out = observe([whole[:cut], whole[cut:]], drop=True)
-        assert observer.reply.message()["content"] == "hi there", cut
-        assert observer.reply.usage == USAGE, cut
-        assert observer.reply.done, cut
+        assert observer.reader.reply.message()["content"] == "hi there", cut
+        assert observer.reader.reply.usage == USAGE, cut
+        assert observer.reader.reply.done, cut
         payloads = client_events(out)
         assert len(payloads) == 4, cut  # three chunks and [DONE], no usage chunk
         assert all(b'"usage"' not in p for p in payloads), cut
@@ -72,11 +80,11 @@ def test_a_client_that_asked_for_usage_gets_every_event_whole_as_it_completes() 
     reads: a stream that breaks mid-event ends with an error event of its own."""
     whole = stream(b"\r\n")
     pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
-    observer = ChatStreamObserver(Chat(), drop_usage_chunk=False)  # type: ignore[arg-type]
+    observer = watch(drop=False)
     out = [observer.feed(p) for p in pieces]
     assert all(o == b"" or o.endswith(b"\n\n") for o in out)
     assert b"".join(out) + observer.flush() == whole.replace(b"\r\n", b"\n")
-    assert observer.reply.usage == USAGE
+    assert observer.reader.reply.usage == USAGE
 
 
 def test_a_large_event_cut_into_many_reads_is_one_event_and_an_endless_one_is_refused() -> None:
@@ -101,7 +109,7 @@ def test_a_large_event_cut_into_many_reads_is_one_event_and_an_endless_one_is_re
 def test_a_usage_chunk_without_choices_is_dropped_too(usage_chunk: dict[str, Any]) -> None:
     observer, out = observe([stream(usage_chunk=usage_chunk)], drop=True)
     assert b'"usage"' not in out
-    assert observer.reply.usage == USAGE
+    assert observer.reader.reply.usage == USAGE
 
 
 def test_a_usage_chunk_with_choices_is_not_the_usage_only_chunk() -> None:
@@ -109,17 +117,17 @@ def test_a_usage_chunk_with_choices_is_not_the_usage_only_chunk() -> None:
     last = chunk([{"index": 0, "delta": {"content": "!"}}], usage=USAGE)
     observer, out = observe([stream(usage_chunk=last)], drop=True)
     assert b'"usage"' in out
-    assert observer.reply.message()["content"] == "hi there!"
+    assert observer.reader.reply.message()["content"] == "hi there!"
 
 
 def test_a_last_event_without_its_blank_line_is_still_read() -> None:
     body = stream().removesuffix(event("[DONE]"))  # ends with the usage chunk...
     body = body.removesuffix(b"\n\n")  # ...cut short of its blank line
     observer, out = observe([body], drop=True)
-    assert observer.reply.usage == USAGE
+    assert observer.reader.reply.usage == USAGE
     assert b'"usage"' not in out
     kept, seen = observe([body], drop=False)
-    assert seen == body and kept.reply.usage == USAGE
+    assert seen == body and kept.reader.reply.usage == USAGE
 
 
 def test_a_chunk_that_breaks_reassembly_still_reaches_the_client() -> None:
@@ -138,8 +146,8 @@ def test_after_a_chunk_not_understood_the_usage_is_still_read_and_left_out() -> 
     ]
     body = b"".join(event(p) for p in parts) + event("[DONE]")
     observer, out = observe([body], drop=True)
-    assert observer.broken and observer.reply.message()["content"] == "hi"
+    assert observer.broken and observer.reader.reply.message()["content"] == "hi"
     # Billed by what the upstream reported, not our count of the text before the break; and
     # the usage chunk the client did not ask for is still left out.
-    assert observer.reply.usage == USAGE and observer.reply.done
+    assert observer.reader.reply.usage == USAGE and observer.reader.reply.done
     assert b'"usage"' not in out and out.endswith(event("[DONE]"))

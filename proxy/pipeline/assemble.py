@@ -1,0 +1,251 @@
+"""Assemble: what the proxy attaches to the turn within the tenant's token budget (DESIGN.md,
+step 4). Attachments first (up to their share, never out of the newest messages that are kept
+whatever the budget); then recall's share comes off the top of what they leave; history is
+chosen for what recall leaves, and recall leaves out what history attaches. The rules are
+policies/context.py's; this module reads what they need."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+
+from policies.context import (
+    Assembly,
+    Budget,
+    Recalled,
+    StoredTurn,
+    assemble,
+    history_for,
+    mandatory_tokens,
+)
+from policies.tokens import count_message, count_messages, upper_bound_tokens
+from proxy.background.embeddings import Vector
+from proxy.pipeline.artifacts import NOTHING_ATTACHED, Attached
+from proxy.pipeline.identify import TurnRequest
+from proxy.pipeline.load import Loaded
+from proxy.pipeline.recall import NOTHING, Recall
+from proxy.pipeline.recall_turn import last_user_text, recall_for
+from proxy.pipeline.summaries import summarize_history
+from proxy.pipeline.turn import Turn, now
+from storage.errors import StorageError
+from storage.repositories.memories import Memories
+
+log = structlog.get_logger("memproxy.pipeline")
+
+
+@dataclass(slots=True)
+class Assembled:
+    """What the proxy attached: the assembly sent (None: nothing), the exchange record's
+    `attached`, the counts for the headers, and the attachments' own paid calls."""
+
+    assembly: Assembly | None
+    record: dict[str, Any] = field(default_factory=dict)
+    recalled: int = 0
+    attachments: int = 0
+    artifacts: Attached = field(default_factory=lambda: NOTHING_ATTACHED)
+    # Parts of memory were skipped (storage failed or was too slow) after the turn was stored.
+    partial: bool = False
+
+
+async def assemble_turn(
+    req: TurnRequest,
+    loaded: Loaded,
+    *,
+    use_memory: bool,
+    by_policy: dict[str, Any] | None,
+    question: asyncio.Task[Vector | None] | None,
+) -> Assembled:
+    turn, tenant, messages = loaded.turn, req.principal.tenant, req.turn.messages
+    if turn is not None and turn.pending is not None and not loaded.inline:
+        # Mode off, with no documents of its own: nothing to attach or to work out.
+        return Assembled(None, attached_record(None, NOTHING, by_policy))
+    ctx = tenant.context
+    window = req.services.context_window(req.turn.model)
+    budget = Budget(
+        token_budget=ctx.token_budget,
+        max_history_messages=ctx.max_history_messages,
+        min_recent_messages=ctx.min_recent_messages,
+        context_window=window,
+        reserve_tokens=req.turn.reserve_tokens,
+    )
+    history = turn.history if turn is not None and use_memory else []
+    attached = await _attach(req, loaded, history, budget, use_memory)
+    left = ctx.token_budget - attached.tokens
+    recall_budget = left
+    if history:
+        recall_budget = min(
+            int(ctx.token_budget * ctx.recall_share),
+            left - mandatory_tokens(messages, history, budget),
+        )
+        history = history_for(
+            messages, history, replace(budget, token_budget=left - max(0, recall_budget))
+        )
+    # Stored turns older than that history: their summary, out of the history's share.
+    summarized = await summarize_history(
+        req.services,
+        tenant,
+        turn,
+        messages,
+        history,
+        replace(budget, token_budget=left - max(0, recall_budget)),
+    )
+    history = summarized.history
+    recalled = await recall_for(req, turn, history, recall_budget, question) if use_memory else None
+    found = recalled.found if recalled else NOTHING
+    partial = _note_skipped(
+        req,
+        loaded,
+        attachments=attached.storage_failed,
+        summary=(summarized.record or {}).get("reason") == "unavailable",
+        recall=bool(recalled and recalled.failed),
+    )
+    section = _with_attachments(found.section, attached)
+    assembly = None
+    if history or section is not None:
+        client_tokens = None
+        if window is not None:
+            client_tokens = upper_bound_tokens(messages)
+            if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
+                client_tokens = await asyncio.to_thread(count_messages, messages, req.turn.model)
+        assembly = assemble(
+            messages,
+            history,
+            budget,
+            client_tokens,
+            recalled=section,
+            placement=ctx.placement,
+            summary=summarized.section,
+        )
+    sent = assembly is not None and assembly.recalled  # (not dropped for the window)
+    shown = found if sent else NOTHING
+    if shown.memory_pks and turn is not None:
+        _count_memory_use(req, turn, shown.memory_pks)
+    record = attached_record(assembly, shown, by_policy, recalled.ms if recalled else None)
+    if recalled and recalled.failed:
+        record["recall_storage"] = "unavailable"
+    if (summary := summarized.recorded(assembly)) is not None:
+        record["summary"] = summary
+    if attached.items or attached.storage_failed:
+        record["attachments"] = attached.record(sent=sent)
+    return Assembled(
+        assembly,
+        record,
+        recalled=shown.messages,
+        attachments=attached.count if sent else 0,
+        artifacts=attached,
+        partial=partial,
+    )
+
+
+def attached_record(
+    assembly: Assembly | None,
+    recalled: Recall,
+    by_policy: dict[str, Any] | None,
+    recall_ms: float | None = None,
+) -> dict[str, Any]:
+    """What the exchange record says was attached (`attached`)."""
+    record = {
+        "history_messages": assembly.history_messages if assembly else 0,
+        "context_tokens": assembly.context_tokens if assembly else 0,
+        "dropped_for_window": assembly.dropped_for_window if assembly else 0,
+        "recalled": recalled.record(),
+        "recall_ms": recall_ms,
+    }
+    if by_policy is not None:
+        record["intent_policy"] = by_policy
+    return record
+
+
+def _note_skipped(req: TurnRequest, loaded: Loaded, **failed: bool) -> bool:
+    """Parts of memory storage failed (or was too slow) for after the turn was stored: the
+    request goes on without them, answered `degraded` and counted (reason `partial`)."""
+    skipped = [part for part, yes in failed.items() if yes]
+    if not skipped:
+        return False
+    if not loaded.degraded:  # (a turn that was not stored is counted already, as such)
+        req.services.metrics.degraded.labels(req.tenant_id, "partial").inc()
+    log.warning("memory_partly_skipped", request_id=req.request_id, parts=skipped)
+    return True
+
+
+async def _attach(
+    req: TurnRequest, loaded: Loaded, history: list[StoredTurn], budget: Budget, use_memory: bool
+) -> Attached:
+    """The conversation's attachments, the request's own (inline, or stored ones it names) and
+    earlier tool results, fitted into the attachments' share of the budget. The request's
+    inline documents are stored with the conversation first in mode `full`. The request's own
+    go in every mode; the conversation's not in mode `off` nor when an intent policy says
+    `memory: false`."""
+    turn, tenant, inline, messages = (
+        loaded.turn,
+        req.principal.tenant,
+        loaded.inline,
+        req.turn.messages,
+    )
+    # (No turn: storage is away. The request's own documents go in all the same; the spill
+    # keeps them with the turn, stored with it when the database is back.)
+    keep = conversation = None
+    if turn is not None and not req.identity.shared_conversation:
+        keep = turn.conversation if turn.mode == "full" and inline else None
+        conversation = turn.conversation if turn.mode != "off" and use_memory else None
+    if (conversation is None or (turn is not None and turn.opened)) and not inline:
+        return NOTHING_ATTACHED  # (a conversation this turn opened holds none yet)
+    ctx = tenant.context
+    room = int(ctx.token_budget * tenant.attachments.share)
+    if history:
+        room = min(room, ctx.token_budget - mandatory_tokens(messages, history, budget))
+    # Tool results the prompt may hold: the client's, and those of the most history could
+    # attach (the stored tail read covers a little more than the history window).
+    at_most = history_for(messages, history, budget)
+    in_prompt = {
+        str(m.get("tool_call_id"))
+        for m in [*messages, *(h.message for h in at_most)]
+        if m.get("role") == "tool"
+    }
+    try:  # (what the database fails to do in time is left out inside, and recorded)
+        return await req.services.artifacts.attach(
+            tenant,
+            request_id=req.request_id,
+            tenant_id=req.tenant_id,
+            user_id=req.user_id,
+            conversation_pk=conversation.pk if conversation else None,
+            conversation_id=conversation.id if conversation else None,
+            conversation_end=conversation.next_seq if conversation else 0,
+            inline=inline,
+            store_in=keep.pk if keep is not None else None,
+            in_prompt_calls=in_prompt,
+            question=last_user_text(messages),
+            budget=room,
+            started_at=req.started_at,
+            storage_away=turn is None,
+        )
+    except Exception:  # a bug here must not fail the turn: logged, the request goes on
+        log.exception("attachments_error", request_id=req.request_id)
+        return NOTHING_ATTACHED
+
+
+def _count_memory_use(req: TurnRequest, turn: Turn, pks: list[int]) -> None:
+    """Memories attached to the turn: their access counts, off the request path (a management
+    call waits for it)."""
+    services = req.services
+
+    async def write() -> None:
+        try:
+            await services.db.write(lambda conn: Memories(conn).used(turn.tenant_id, pks, now()))
+        except StorageError as exc:
+            log.warning("memory_use_not_counted", request_id=req.request_id, error=str(exc))
+
+    services.memory.track(turn, services.spawn(write()), metadata=True)
+
+
+def _with_attachments(recalled: Recalled | None, attached: Attached) -> Recalled | None:
+    """One context section: recall's (memories, excerpts), then the attachments'."""
+    if not attached.text:
+        return recalled
+    if recalled is None:
+        return Recalled(attached.text, attached.tokens)
+    text = recalled.text + "\n\n" + attached.text  # (one message: its overhead counts once)
+    return Recalled(text, count_message({"role": "system", "content": text}))

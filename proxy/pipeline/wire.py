@@ -1,0 +1,95 @@
+"""What the turn pipeline needs from a wire protocol (Chat Completions, Responses, Anthropic
+Messages): the request as a neutral turn, a way to send the assembled messages upstream in the
+protocol's own shape, and readers of the reply, whole or streamed.
+
+The pipeline owns no wire format: it sees messages in the stored OpenAI message shape, usage
+in the Chat Completions shape, and raw SSE events it hands to the protocol's reader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from proxy.upstream.base import Upstream, UpstreamReply
+
+
+@dataclass(slots=True)
+class NeutralTurn:
+    """A request as the pipeline sees it, whatever its wire format."""
+
+    model: str
+    # The client's messages in the stored OpenAI message shape, in order.
+    messages: list[dict[str, Any]]
+    stream: bool
+    # The protocol's own user fields, (parameter name, value), most trusted first: identity
+    # takes the first that is set when no header names the user.
+    user_fields: list[tuple[str, object]] = field(default_factory=list)
+    # Room the reply asks for (max tokens), kept free of the proxy's additions.
+    reserve_tokens: int = 0
+    # memproxy's `attachments` extension as the request carried it (checked by the pipeline).
+    attachments: object = None
+
+
+@dataclass(slots=True)
+class WholeReply:
+    """A whole reply read: the assistant message (None when there is none to store), usage in
+    the Chat Completions shape, and the reply as the client gets it."""
+
+    message: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    reply: UpstreamReply
+
+
+class StreamReader(Protocol):
+    """Reads a streamed reply one whole SSE event at a time."""
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The upstream said, in the stream, that it failed."""
+        ...
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """Usage in the Chat Completions shape, once it has arrived."""
+        ...
+
+    def read(self, raw: bytes, *, fold: bool = True) -> bytes:
+        """Fold one raw event in; return what the client gets for it (b"" for nothing).
+        `fold=False`: only the end, an error and the usage are read. Raises NotUnderstood
+        for an event it cannot fold in (the pipeline then stops folding)."""
+        ...
+
+    @property
+    def ended(self) -> bool:
+        """The upstream said the reply is complete (its end marker or finish reason)."""
+        ...
+
+    @property
+    def received_anything(self) -> bool: ...
+
+    def message(self) -> dict[str, Any]:
+        """The reply so far as an assistant message, as a client would send it back."""
+        ...
+
+
+class WireProtocol(Protocol):
+    """One request's protocol adapter."""
+
+    # For metrics and logs: "chat", "responses", "messages".
+    name: str
+
+    async def call(
+        self,
+        upstream: Upstream,
+        messages: list[dict[str, Any]],
+        *,
+        sent: Callable[[], None] | None = None,
+    ) -> UpstreamReply:
+        """Send the request upstream in the protocol's shape with `messages` (the client's,
+        with what the proxy attached) in place of the client's own."""
+        ...
+
+    def stream_reader(self) -> StreamReader: ...
+
+    def whole(self, reply: UpstreamReply) -> WholeReply: ...
