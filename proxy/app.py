@@ -42,9 +42,8 @@ from proxy.pipeline.memory import ANONYMOUS, ConversationMemory
 from proxy.pipeline.replay import SpillReplayer, Wanted
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
-from proxy.routes import export, memories, memory, openai, ops, usage
+from proxy.routes import export, memories, memory, openai, ops, reference, usage
 from proxy.routes import jobs as jobs_routes
-from proxy.routes import reference
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
 from storage import migrate

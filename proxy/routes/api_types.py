@@ -303,7 +303,7 @@ class Exchange(Struct, kw_only=True):
     upstream: str | None
     mode: str
     stream: bool
-    intent: dict[str, Any] | None
+    intent: Annotated[str | None, Meta(description="The turn's intent label.")]
     created_at: Timestamp
     finished_at: Timestamp | None
     attached: dict[str, Any] | None

@@ -41,9 +41,12 @@ async def test_a_fact_told_on_the_tour_tenant_is_remembered_and_recalled(
         first = await chat(client, "Hello! I live in Lisbon. My favourite drink is green tea.")
         request_id = first.headers["x-request-id"]
 
+        conversation = first.headers["x-memory-conversation-id"]
+
         async def intent() -> dict[str, Any] | None:
-            reply = await client.get(f"/v1/memory/exchanges/{request_id}")
-            found = reply.json()["intent"]
+            url = f"/v1/memory/conversations/{conversation}/messages"
+            turn = (await client.get(url)).json()["data"][0]
+            found: dict[str, Any] | None = (turn["metadata"] or {}).get("intent")
             return found if found and found["method"] == "llm" else None
 
         await eventually(intent, "the LLM intent (echo's keyword rules)")
