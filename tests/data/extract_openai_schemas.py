@@ -52,9 +52,7 @@ def _refs(node: Any) -> list[str]:
     return []
 
 
-def _strip_docs(
-    node: Any, *, in_properties: bool = False, keys: frozenset[str] = _DOC_KEYS
-) -> Any:
+def _strip_docs(node: Any, *, in_properties: bool = False, keys: frozenset[str] = _DOC_KEYS) -> Any:
     # Inside `properties` the keys are field names (a field may be called "description").
     if isinstance(node, dict):
         return {
