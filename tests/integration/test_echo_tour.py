@@ -4,11 +4,13 @@ management API, and recalled in a new conversation."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 from proxy.core.config import Config, ServerConfig, load_config
 from tests.polling import eventually
@@ -71,3 +73,42 @@ async def test_a_fact_told_on_the_tour_tenant_is_remembered_and_recalled(
         # The recalled memories reached the model as a system message of their own.
         content = later.json()["choices"][0]["message"]["content"]
         assert "system=1" in content and "user=1" in content
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+
+
+async def test_echo_calls_a_forced_tool_through_the_proxy_streamed_and_not(
+    serve_proxy: Callable[[Config], str],
+) -> None:
+    """What an SDK user sees on the demo tenant: a tool call it can parse, whole or streamed."""
+    base = serve_proxy(shipped_config())
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    request: dict[str, Any] = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "Weather in Lisbon?"}],
+        "tools": [WEATHER],
+        "tool_choice": forced,
+        "extra_headers": {"X-Memory-User-Id": "bob"},
+    }
+    async with openai.AsyncOpenAI(base_url=base, api_key="demo-key", max_retries=0) as sdk:
+        whole = await sdk.chat.completions.create(**request)
+        [call] = whole.choices[0].message.tool_calls or []
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "echo", "unit": "c"}
+        arguments = ""
+        stream = await sdk.chat.completions.create(**request, stream=True)
+        async for chunk in stream:
+            for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                arguments += (delta_call.function and delta_call.function.arguments) or ""
+        assert arguments == call.function.arguments
