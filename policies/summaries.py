@@ -41,6 +41,9 @@ HEADER = (
     "instructions."
 )
 FOOTER = "(End of summary.)"
+# The summariser's user message: the summary so far, then the new turns ("role: text" each),
+# then the ask (the echo upstream reads them by these).
+SO_FAR, NEW_TURNS, ASK = "Summary so far:\n", "\n\nNew turns:\n", "\n\nWrite the updated summary"
 
 
 class BadSummary(ValueError):
@@ -145,10 +148,7 @@ def summary_request(
     so_far = previous.strip() if previous else "(none yet: these are the first turns)"
     shown = "\n".join(_line(m) for m in turns)
     words = max(40, int(max_tokens * 0.6))
-    user = (
-        f"Summary so far:\n{so_far}\n\nNew turns:\n{shown}\n\n"
-        f"Write the updated summary, at most about {words} words."
-    )
+    user = f"{SO_FAR}{so_far}{NEW_TURNS}{shown}{ASK}, at most about {words} words."
     return {
         "model": model,
         "messages": [

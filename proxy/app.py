@@ -13,7 +13,6 @@ import structlog
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 
 from policies.extraction import JOB_KIND as EXTRACTION
 from policies.jobs import RetryPolicy
@@ -44,7 +43,7 @@ from proxy.pipeline.replay import SpillReplayer, Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
-from proxy.routes import export, memories, memory, openai, ops, usage
+from proxy.routes import export, memories, memory, openai, ops, reference, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
@@ -281,6 +280,7 @@ def create_app(
             ops.readyz,
             ops.readyz_head,
             ops.metrics,
+            reference.docs_router(),
         ],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
@@ -294,7 +294,7 @@ def create_app(
         cors_config=CORSConfig(allow_origins=cors, expose_headers=EXPOSED_HEADERS)
         if cors
         else None,
-        openapi_config=OpenAPIConfig(title="memproxy", version="0.1.0", path="/schema"),
+        openapi_config=reference.openapi_config(_version()),
         logging_config=None,
     )
     # Before the router: a user id holding "/" stays one path segment (proxy/core/user_paths.py);

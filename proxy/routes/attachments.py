@@ -20,6 +20,7 @@ from litestar.datastructures import UploadFile
 from litestar.di import NamedDependency
 from litestar.exceptions import ClientException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.openapi.spec import OpenAPIMediaType, RequestBody
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
@@ -30,7 +31,14 @@ from proxy.core.json_responses import json_response
 from proxy.core.requests import MAX_SOURCE, MAX_TITLE, parse_json_object, refuse_unknown
 from proxy.pipeline.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
 from proxy.pipeline.turn import now
-from proxy.routes.memory import MANAGE, limit_param, manage, page
+from proxy.routes.api_types import (
+    Attachment,
+    AttachmentList,
+    CreateAttachmentRequest,
+    Deleted,
+)
+from proxy.routes.memory import limit_param, page
+from proxy.routes.reference import api, ref
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord
 from storage.repositories.attachments import Attachments, new_attachment_id
@@ -208,7 +216,28 @@ async def _from_form(request: Request[Any, Any, Any], server: ServerConfig) -> _
                 await value.close()
 
 
-@post(PATH, opt=MANAGE, summary="Upload a document to a conversation", status_code=201)
+UPLOAD_BODY = RequestBody(
+    required=True,
+    description="A document as JSON, or a file uploaded as multipart/form-data.",
+    content={
+        "application/json": OpenAPIMediaType(schema=ref(CreateAttachmentRequest.__name__)),
+        "multipart/form-data": OpenAPIMediaType(schema=ref("AttachmentUpload")),
+    },
+)
+
+
+@post(
+    PATH,
+    summary="Upload a document to a conversation",
+    status_code=201,
+    **api(
+        "manage",
+        body=UPLOAD_BODY,
+        ok=Attachment,
+        status=201,
+        errors=(400, 401, 403, 404, 413, 415, 429, 503),
+    ),
+)
 async def upload_attachment(
     request: Request[Any, Any, Any],
     conversation_id: FromPath[str],
@@ -260,7 +289,11 @@ async def upload_attachment(
     return json_response(shown, status=201)
 
 
-@get(PATH, opt=manage("limit", "after"), summary="List a conversation's documents, oldest first")
+@get(
+    PATH,
+    summary="List a conversation's documents, oldest first",
+    **api("manage", query=("limit", "after"), ok=AttachmentList),
+)
 async def list_attachments(
     request: Request[Any, Any, Any],
     conversation_id: FromPath[str],
@@ -292,7 +325,11 @@ async def list_attachments(
     return json_response(page(shown, limit))
 
 
-@get(f"{PATH}/{{attachment_id:str}}", opt=MANAGE, summary="Get a document, with its text")
+@get(
+    f"{PATH}/{{attachment_id:str}}",
+    summary="Get a document, with its text",
+    **api("manage", ok=Attachment),
+)
 async def get_attachment(
     conversation_id: FromPath[str],
     attachment_id: FromPath[str],
@@ -309,7 +346,12 @@ async def get_attachment(
     return json_response(attachment_object(conversation_id, found, chunks, content=True))
 
 
-@delete(f"{PATH}/{{attachment_id:str}}", opt=MANAGE, summary="Delete a document", status_code=200)
+@delete(
+    f"{PATH}/{{attachment_id:str}}",
+    summary="Delete a document",
+    status_code=200,
+    **api("manage", ok=Deleted),
+)
 async def delete_attachment(
     conversation_id: FromPath[str],
     attachment_id: FromPath[str],

@@ -32,10 +32,12 @@ from sqlalchemy import Connection
 from proxy.core.auth import Principal
 from proxy.core.user_paths import user_in_path
 from proxy.pipeline.turn import now
+from proxy.routes.api_types import UserExportDocument
 from proxy.routes.attachments import attachment_object
 from proxy.routes.jobs import job_object
 from proxy.routes.memories import memory_object
-from proxy.routes.memory import MANAGE, conversation_object, message_object, user_param
+from proxy.routes.memory import conversation_object, message_object, user_param
+from proxy.routes.reference import api
 from proxy.routes.usage import exchange_object
 from proxy.state import AppState
 from storage.database import Snapshot
@@ -218,8 +220,8 @@ async def coalesced(pieces: AsyncIterator[bytes], size: int) -> AsyncIterator[by
 
 @get(
     "/v1/memory/users/{user_id:str}/export",
-    opt=MANAGE,
     summary="Export everything stored for a user",
+    **api("manage", ok=UserExportDocument),
 )
 async def export_user(
     user_id: FromPath[str],

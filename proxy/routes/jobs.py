@@ -14,7 +14,9 @@ from sqlalchemy import Connection
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
-from proxy.routes.memory import MANAGE, limit_param, manage, page, user_param
+from proxy.routes.api_types import Job, JobList
+from proxy.routes.memory import limit_param, page, user_param
+from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import JobRecord
 from storage.repositories.jobs import STATUSES, Jobs
@@ -47,8 +49,8 @@ def _pk(job_id: str) -> int | None:
 
 @get(
     "/v1/memory/jobs",
-    opt=manage("status", "user", "kind", "subject", "after", "limit"),
     summary="List background jobs",
+    **api("manage", query=("status", "user", "kind", "subject", "after", "limit"), ok=JobList),
 )
 async def list_jobs(
     request: Request[Any, Any, Any],
@@ -84,7 +86,7 @@ async def list_jobs(
     return json_response(page([job_object(j) for j in found], limit))
 
 
-@get("/v1/memory/jobs/{job_id:str}", opt=MANAGE, summary="Get a background job")
+@get("/v1/memory/jobs/{job_id:str}", summary="Get a background job", **api("manage", ok=Job))
 async def get_job(
     job_id: FromPath[str],
     principal: NamedDependency[Principal],

@@ -9,11 +9,16 @@ from litestar.di import NamedDependency
 
 from proxy.core.auth import Principal
 from proxy.core.json_responses import json_response
-from proxy.routes.memory import MANAGE
+from proxy.routes.api_types import Limits
+from proxy.routes.reference import api
 from proxy.state import AppState
 
 
-@get("/v1/memory/limits", opt=MANAGE, summary="The tenant's limits and their current usage")
+@get(
+    "/v1/memory/limits",
+    summary="The tenant's limits and their current usage",
+    **api("manage", ok=Limits, errors=(401, 403, 429, 503)),
+)
 async def get_limits(
     principal: NamedDependency[Principal], services: NamedDependency[AppState]
 ) -> Response[Any]:

@@ -18,7 +18,15 @@ from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import parse_json_object
 from proxy.pipeline.turn import now
-from proxy.routes.memory import MANAGE, limit_param, manage, page, user_param
+from proxy.routes.api_types import (
+    CreateMemoryRequest,
+    Deleted,
+    Memory,
+    MemoryList,
+    UpdateMemoryRequest,
+)
+from proxy.routes.memory import limit_param, page, user_param
+from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import MemoryRecord
 from storage.repositories.erasures import Erasures
@@ -87,8 +95,8 @@ def _fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
 
 @get(
     "/v1/memory/memories",
-    opt=manage("user", "limit", "pinned", "q", "after"),
     summary="List or search a user's memories",
+    **api("manage", query=("user", "limit", "pinned", "q", "after"), ok=MemoryList),
 )
 async def list_memories(
     request: Request[Any, Any, Any],
@@ -126,7 +134,12 @@ async def list_memories(
     return json_response(page([memory_object(m) for m in found], limit))
 
 
-@post("/v1/memory/memories", opt=MANAGE, summary="Create a memory", status_code=201)
+@post(
+    "/v1/memory/memories",
+    summary="Create a memory",
+    status_code=201,
+    **api("manage", body=CreateMemoryRequest, ok=Memory, status=201),
+)
 async def create_memory(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],
@@ -153,7 +166,11 @@ def _owner(request: Request[Any, Any, Any]) -> str | None:
     return None if user is None else user_param(user)
 
 
-@get("/v1/memory/memories/{memory_id:str}", opt=manage("user"), summary="Get a memory")
+@get(
+    "/v1/memory/memories/{memory_id:str}",
+    summary="Get a memory",
+    **api("manage", query=("user",), ok=Memory),
+)
 async def get_memory(
     memory_id: FromPath[str],
     request: Request[Any, Any, Any],
@@ -171,8 +188,8 @@ async def get_memory(
 
 @patch(
     "/v1/memory/memories/{memory_id:str}",
-    opt=manage("user"),
     summary="Correct, pin or unpin a memory",
+    **api("manage", query=("user",), body=UpdateMemoryRequest, ok=Memory),
 )
 async def update_memory(
     memory_id: FromPath[str],
@@ -196,8 +213,8 @@ async def update_memory(
 
 @delete(
     "/v1/memory/memories/{memory_id:str}",
-    opt=manage("user"),
     summary="Delete a memory",
+    **api("manage", query=("user",), ok=Deleted),
     status_code=200,
 )
 async def delete_memory(

@@ -25,6 +25,17 @@ from proxy.core.user_paths import user_in_path
 from proxy.pipeline.identify import CONVERSATION_ID
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.turn import ANONYMOUS, TokenCounter, new_conversation_id, now
+from proxy.routes.api_types import (
+    AppendMessagesRequest,
+    Conversation,
+    ConversationList,
+    CreateConversationRequest,
+    Deleted,
+    MessageList,
+    UpdateConversationRequest,
+    UserDeleted,
+)
+from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.errors import ConflictError
 from storage.records import ConversationRecord, MessageRecord
@@ -38,15 +49,6 @@ from storage.repositories.system import SystemRepository
 from storage.repositories.vectors import MessageVectors
 
 log = structlog.get_logger("memproxy.memory")
-
-MANAGE: dict[str, Any] = {"scope": "manage"}  # a management route taking no query parameters
-
-
-def manage(*query: str) -> dict[str, Any]:
-    """A management route's `opt`, naming the query parameters it reads: any other is a 400
-    (a filter misspelt, or one the route does not have, is not left out unnoticed)."""
-    return {**MANAGE, "query": query}
-
 
 MAX_PAGE = 100
 
@@ -143,8 +145,8 @@ def _queue_embedding(
 
 @get(
     "/v1/memory/conversations",
-    opt=manage("user", "limit", "after"),
     summary="List a user's conversations, newest first",
+    **api("manage", query=("user", "limit", "after"), ok=ConversationList),
 )
 async def list_conversations(
     request: Request[Any, Any, Any],
@@ -170,8 +172,14 @@ async def list_conversations(
 
 @post(
     "/v1/memory/conversations",
-    opt=MANAGE,
     summary="Create a conversation, optionally importing messages",
+    **api(
+        "manage",
+        body=CreateConversationRequest,
+        ok=Conversation,
+        status=201,
+        errors=(400, 401, 403, 409, 429, 503),
+    ),
 )
 async def create_conversation(
     request: Request[Any, Any, Any],
@@ -220,7 +228,11 @@ async def create_conversation(
     return json_response(conversation_object(created), 201)
 
 
-@get("/v1/memory/conversations/{conversation_id:str}", opt=MANAGE, summary="Get a conversation")
+@get(
+    "/v1/memory/conversations/{conversation_id:str}",
+    summary="Get a conversation",
+    **api("manage", ok=Conversation),
+)
 async def get_conversation(
     conversation_id: FromPath[str],
     principal: NamedDependency[Principal],
@@ -234,8 +246,8 @@ async def get_conversation(
 
 @patch(
     "/v1/memory/conversations/{conversation_id:str}",
-    opt=MANAGE,
     summary="Rename or archive a conversation",
+    **api("manage", body=UpdateConversationRequest, ok=Conversation),
 )
 async def update_conversation(
     request: Request[Any, Any, Any],
@@ -273,9 +285,9 @@ async def update_conversation(
 
 @delete(
     "/v1/memory/conversations/{conversation_id:str}",
-    opt=MANAGE,
     status_code=200,
     summary="Delete a conversation",
+    **api("manage", ok=Deleted),
 )
 async def delete_conversation(
     conversation_id: FromPath[str],
@@ -294,8 +306,8 @@ async def delete_conversation(
 
 @get(
     "/v1/memory/conversations/{conversation_id:str}/messages",
-    opt=manage("limit", "after"),
     summary="List messages in order",
+    **api("manage", query=("limit", "after"), ok=MessageList),
 )
 async def list_messages(
     request: Request[Any, Any, Any],
@@ -326,7 +338,9 @@ async def list_messages(
 
 
 @post(
-    "/v1/memory/conversations/{conversation_id:str}/messages", opt=MANAGE, summary="Append messages"
+    "/v1/memory/conversations/{conversation_id:str}/messages",
+    summary="Append messages",
+    **api("manage", body=AppendMessagesRequest, ok=MessageList, status=201),
 )
 async def append_messages(
     request: Request[Any, Any, Any],
@@ -362,9 +376,9 @@ async def append_messages(
 
 @delete(
     "/v1/memory/users/{user_id:str}",
-    opt=MANAGE,
     status_code=200,
     summary="Erase everything stored for a user",
+    **api("manage", ok=UserDeleted),
 )
 async def delete_user(
     user_id: FromPath[str],

@@ -10,6 +10,7 @@ from litestar import Request, Response, get, post, route
 from litestar.di import NamedDependency
 from litestar.enums import HttpMethod
 from litestar.exceptions import ClientException
+from litestar.openapi.spec import Schema
 from litestar.params import FromPath
 
 from proxy.core.access import ClientWatch, request_info
@@ -19,13 +20,34 @@ from proxy.core.json_responses import json_response
 from proxy.core.requests import check_chat_request, parse_json_object
 from proxy.protocols.chat import chat_completion
 from proxy.protocols.relay import to_response
+from proxy.routes.reference import CHAT_HEADERS, api, json_body, openai_response, ref
 from proxy.state import AppState
 from proxy.upstream.base import model_list
 
 CHAT = {"scope": "chat"}
+# The body is read as raw JSON (unknown fields pass through to the upstream untouched), so
+# the document is told its shape: OpenAI's, plus memproxy's optional `attachments`.
+CHAT_BODY = json_body(
+    Schema(all_of=[ref("CreateChatCompletionRequest"), ref("ChatCompletionExtensions")]),
+    "OpenAI's chat completion request; fields memproxy does not know pass through unchanged.",
+)
 
 
-@post("/v1/chat/completions", status_code=200, opt=CHAT, summary="Create chat completion")
+@post(
+    "/v1/chat/completions",
+    status_code=200,
+    summary="Create chat completion",
+    **api(
+        "chat",
+        body=CHAT_BODY,
+        headers=CHAT_HEADERS,
+        ok_response=openai_response(
+            "CreateChatCompletionResponse",
+            "The completion, or with `stream: true` its chunks as server-sent events.",
+            stream="CreateChatCompletionStreamResponse",
+        ),
+    ),
+)
 async def chat_completions(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],
@@ -76,7 +98,15 @@ async def requested_model(request: Request[Any, Any, Any], body: bytes) -> objec
     return None
 
 
-@get("/v1/models", opt=CHAT, summary="List models")
+@get(
+    "/v1/models",
+    summary="List models",
+    **api(
+        "chat",
+        ok_response=openai_response("ListModelsResponse", "The models the key may use."),
+        errors=(401, 403, 429, 502, 504),
+    ),
+)
 async def list_models(
     request: Request[Any, Any, Any],
     principal: NamedDependency[Principal],

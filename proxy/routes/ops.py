@@ -9,9 +9,11 @@ from typing import Any
 
 from litestar import Request, Response, get, head
 from litestar.di import NamedDependency
+from litestar.openapi import ResponseSpec
 
 from proxy.accounting.metrics import CONTENT_TYPE
 from proxy.core.errors import AuthenticationFailed
+from proxy.routes.api_types import Health
 from proxy.state import AppState
 from storage.errors import StorageError
 
@@ -26,7 +28,16 @@ async def healthz_head() -> None:
     return None
 
 
-@get("/readyz", summary="Readiness: the database answers")
+@get(
+    "/readyz",
+    summary="Readiness: the database answers",
+    responses={
+        200: ResponseSpec(Health, description="Ready.", generate_examples=False),
+        503: ResponseSpec(
+            Health, description="The database does not answer.", generate_examples=False
+        ),
+    },
+)
 async def readyz(services: NamedDependency[AppState]) -> Response[dict[str, Any]]:
     """503 while the database does not answer. The storage circuit is reported, not judged:
     open, this replica answers degraded at once, as it should; and the replicas of one

@@ -23,7 +23,9 @@ from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import parse_timestamp
 from proxy.pipeline.turn import now
-from proxy.routes.memory import MANAGE, manage, user_param
+from proxy.routes.api_types import Exchange, UsageReport
+from proxy.routes.memory import user_param
+from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals
 from storage.repositories.exchanges import Exchanges, GroupBy
@@ -92,8 +94,8 @@ def exchange_object(x: ExchangeRecord) -> dict[str, Any]:
 
 @get(
     "/v1/memory/exchanges/{request_id:str}",
-    opt=MANAGE,
     summary="One exchange: what was attached, usage, cost and timings",
+    **api("manage", ok=Exchange),
 )
 async def get_exchange(
     request_id: FromPath[str],
@@ -148,8 +150,8 @@ def _period(request: Request[Any, Any, Any]) -> tuple[datetime, datetime]:
 
 @get(
     "/v1/memory/usage",
-    opt=manage("from", "to", "group_by", "user"),
     summary="Spend and tokens by model, user, day or intent",
+    **api("manage", query=("from", "to", "group_by", "user"), ok=UsageReport),
 )
 async def get_usage(
     request: Request[Any, Any, Any],

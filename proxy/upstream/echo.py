@@ -1,7 +1,9 @@
-"""The built-in offline upstream: answers every request by describing what it received.
+"""The built-in offline upstream: answers every request by describing what it received, and
+memproxy's own calls, tools and structured outputs by simple rules (proxy/upstream/echo_answers.py).
 
-Deterministic (same request, same content), streams when asked, reports usage counted with
-tiktoken. Useful for demos, debugging what the proxy attached, and tests.
+Deterministic (same request, same content), streams when asked (tool calls as OpenAI streams
+them), reports usage counted with tiktoken. Useful for demos, debugging what the proxy
+attached, and tests.
 """
 
 from __future__ import annotations
@@ -14,29 +16,17 @@ from typing import Any
 
 import msgspec
 
-from policies.tokens import count_messages, count_text, message_text
+from policies.tokens import count_messages, count_text
 from proxy.core.config import UpstreamConfig
 from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
+from proxy.upstream.echo_answers import Answer, answer, describe
 
-_PREVIEW_CHARS = 200
+__all__ = ["ECHO_EMBEDDING_DIMS", "EchoUpstream", "describe", "hashed_bag_of_words"]
+
 ECHO_EMBEDDING_DIMS = 256
 _WORD = re.compile(r"[^\W_]+")
 MAX_CHOICES = 128  # OpenAI's own limit on `n`
-
-
-def describe(messages: list[dict[str, Any]], prompt_tokens: int) -> str:
-    last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
-    preview = message_text(last_user) if last_user else ""
-    if len(preview) > _PREVIEW_CHARS:
-        preview = preview[:_PREVIEW_CHARS] + "..."
-    roles = ", ".join(
-        f"{r}={sum(m.get('role') == r for m in messages)}"
-        for r in dict.fromkeys(m.get("role") for m in messages)
-    )
-    return (
-        f"echo: received {len(messages)} messages ({roles}), {prompt_tokens} prompt tokens. "
-        f'Last user message: "{preview}"'
-    )
+ARGUMENT_PIECE = 16  # characters of a tool call's arguments per stream chunk
 
 
 class EchoUpstream:
@@ -55,8 +45,11 @@ class EchoUpstream:
         messages = body.get("messages") or []
         model = str(body.get("model", "echo"))
         prompt_tokens = count_messages(messages, model)
-        content = describe(messages, prompt_tokens)
-        completion_tokens = count_text(content, model)
+        reply = answer(body, prompt_tokens)
+        completion_tokens = count_text(reply.content or "", model) + sum(
+            count_text(c["function"]["name"] + c["function"]["arguments"], model)
+            for c in reply.tool_calls
+        )
         n_field = body.get("n")
         n = min(n_field, MAX_CHOICES) if isinstance(n_field, int) and n_field > 0 else 1
         digest = hashlib.sha256(msgspec.json.encode(messages)).hexdigest()[:24]
@@ -67,21 +60,24 @@ class EchoUpstream:
         }
         head = {"id": f"chatcmpl-echo{digest}", "created": int(time.time()), "model": model}
         headers = {"x-upstream-request-id": f"echo-{digest}"}
+        finish = "tool_calls" if reply.tool_calls else "stop"
         if not stream:
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": reply.content,
+                "refusal": None,
+            }
+            if reply.tool_calls:
+                message["tool_calls"] = reply.tool_calls
             choices = [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": content, "refusal": None},
-                    "finish_reason": "stop",
-                    "logprobs": None,
-                }
+                {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
                 for i in range(n)
             ]
             payload = {**head, "object": "chat.completion", "choices": choices, "usage": usage}
             return UpstreamReply(200, headers, body=msgspec.json.encode(payload))
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        chunks = _stream(head, content, n, usage if include_usage else None)
+        chunks = _stream(head, reply, n, usage if include_usage else None)
         return UpstreamReply(200, headers, chunks=chunks, media_type="text/event-stream")
 
     async def list_models(self) -> UpstreamReply:
@@ -129,32 +125,43 @@ def hashed_bag_of_words(text: str, dims: int = ECHO_EMBEDDING_DIMS) -> list[floa
     return [v / norm for v in vector]
 
 
+def _deltas(reply: Answer) -> list[dict[str, Any]]:
+    """The deltas after the first (role) one: content in pieces of a few words, or each tool
+    call's name and then its arguments in pieces, as OpenAI streams them."""
+    if reply.tool_calls:
+        deltas: list[dict[str, Any]] = []
+        for index, call in enumerate(reply.tool_calls):
+            function = call["function"]
+            opening = {"name": function["name"], "arguments": ""}
+            deltas.append(
+                {"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                 "function": opening}]}
+            )  # fmt: skip
+            arguments = function["arguments"]
+            for at in range(0, len(arguments), ARGUMENT_PIECE):
+                piece = {"arguments": arguments[at : at + ARGUMENT_PIECE]}
+                deltas.append({"tool_calls": [{"index": index, "function": piece}]})
+        return deltas
+    words = (reply.content or "").split(" ")
+    pieces = [" ".join(words[i : i + 8]) + " " for i in range(0, len(words), 8)]
+    pieces[-1] = pieces[-1].rstrip(" ")
+    return [{"content": piece} for piece in pieces]
+
+
 async def _stream(
-    head: dict[str, Any], content: str, n: int, usage: dict[str, int] | None
+    head: dict[str, Any], reply: Answer, n: int, usage: dict[str, int] | None
 ) -> AsyncIterator[bytes]:
     def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {**head, "object": "chat.completion.chunk", "choices": choices, **extra}
         return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
-    words = content.split(" ")
-    pieces = [" ".join(words[i : i + 8]) + " " for i in range(0, len(words), 8)]
-    pieces[-1] = pieces[-1].rstrip(" ")
+    deltas = _deltas(reply)
+    opening = {"role": "assistant", "content": None if reply.tool_calls else ""}
+    finish = "tool_calls" if reply.tool_calls else "stop"
     for i in range(n):
-        yield event(
-            [
-                {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "finish_reason": None,
-                    "logprobs": None,
-                }
-            ]
-        )
-        for piece in pieces:
-            yield event(
-                [{"index": i, "delta": {"content": piece}, "finish_reason": None, "logprobs": None}]
-            )
-        yield event([{"index": i, "delta": {}, "finish_reason": "stop", "logprobs": None}])
+        for delta in [opening, *deltas]:
+            yield event([{"index": i, "delta": delta, "finish_reason": None, "logprobs": None}])
+        yield event([{"index": i, "delta": {}, "finish_reason": finish, "logprobs": None}])
     if usage is not None:
         yield event([], usage=usage)
     yield b"data: [DONE]\n\n"

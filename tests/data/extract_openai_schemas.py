@@ -1,11 +1,15 @@
 """Extract the OpenAI response schemas the tests validate against from the official spec.
 
     python tests/data/extract_openai_schemas.py [SPEC] [OUT]
+    python tests/data/extract_openai_schemas.py --reference [SPEC]
 
 SPEC defaults to ../shared/reference/openai-openapi.json (next to the repository), OUT to
 tests/data/openai-schemas.json. The output holds the named component schemas and every schema
 they reach through `$ref`, unchanged except that documentation-only keys are dropped; it is
 committed so that the tests do not depend on the spec being present.
+
+`--reference` writes the schemas that memproxy's own API reference (`/docs`) points to for the
+OpenAI shapes, descriptions kept, to proxy/routes/openai-schemas.json (package data).
 """
 
 from __future__ import annotations
@@ -21,13 +25,22 @@ ROOTS = (
     "ErrorResponse",
     "ListModelsResponse",
 )
+REFERENCE_ROOTS = (
+    "CreateChatCompletionRequest",
+    "CreateChatCompletionResponse",
+    "CreateChatCompletionStreamResponse",
+    "ListModelsResponse",
+)
 # Keys that only document a schema; none of them changes what validates.
 _DOC_KEYS = frozenset({"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel"})
+# What the API reference leaves out: OpenAI's own site's extras.
+_SITE_KEYS = frozenset({"x-oaiMeta", "x-oaiTypeLabel"})
 _PREFIX = "#/components/schemas/"
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SPEC = HERE.parents[2] / "shared" / "reference" / "openai-openapi.json"
 DEFAULT_OUT = HERE / "openai-schemas.json"
+REFERENCE_OUT = HERE.parents[1] / "proxy" / "routes" / "openai-schemas.json"
 
 
 def _refs(node: Any) -> list[str]:
@@ -39,20 +52,24 @@ def _refs(node: Any) -> list[str]:
     return []
 
 
-def _strip_docs(node: Any, *, in_properties: bool = False) -> Any:
+def _strip_docs(node: Any, *, in_properties: bool = False, keys: frozenset[str] = _DOC_KEYS) -> Any:
     # Inside `properties` the keys are field names (a field may be called "description").
     if isinstance(node, dict):
         return {
-            key: _strip_docs(value, in_properties=key == "properties" and not in_properties)
+            key: _strip_docs(
+                value, in_properties=key == "properties" and not in_properties, keys=keys
+            )
             for key, value in node.items()
-            if in_properties or key not in _DOC_KEYS
+            if in_properties or key not in keys
         }
     if isinstance(node, list):
-        return [_strip_docs(value) for value in node]
+        return [_strip_docs(value, keys=keys) for value in node]
     return node
 
 
-def extract(spec: dict[str, Any], roots: tuple[str, ...] = ROOTS) -> dict[str, Any]:
+def extract(
+    spec: dict[str, Any], roots: tuple[str, ...] = ROOTS, *, drop: frozenset[str] = _DOC_KEYS
+) -> dict[str, Any]:
     """The closure of `roots` under `$ref`, as `{"components": {"schemas": {...}}}`."""
     available = spec["components"]["schemas"]
     wanted: dict[str, Any] = {}
@@ -71,11 +88,19 @@ def extract(spec: dict[str, Any], roots: tuple[str, ...] = ROOTS) -> dict[str, A
         "openapi": spec.get("openapi"),
         "spec_version": spec.get("info", {}).get("version"),
         "roots": list(roots),
-        "components": {"schemas": {n: _strip_docs(wanted[n]) for n in sorted(wanted)}},
+        "components": {"schemas": {n: _strip_docs(wanted[n], keys=drop) for n in sorted(wanted)}},
     }
 
 
 def main(argv: list[str]) -> None:
+    if argv[1:2] == ["--reference"]:
+        spec_path = Path(argv[2]) if len(argv) > 2 else DEFAULT_SPEC
+        spec = json.loads(spec_path.read_text())
+        document = extract(spec, REFERENCE_ROOTS, drop=_SITE_KEYS)
+        REFERENCE_OUT.write_text(json.dumps(document, separators=(",", ":")) + "\n")
+        count = len(document["components"]["schemas"])
+        sys.stderr.write(f"wrote {count} schemas to {REFERENCE_OUT}\n")
+        return
     spec_path = Path(argv[1]) if len(argv) > 1 else DEFAULT_SPEC
     out_path = Path(argv[2]) if len(argv) > 2 else DEFAULT_OUT
     document = extract(json.loads(spec_path.read_text()))

@@ -1,0 +1,375 @@
+"""The shapes of the HTTP API, for its OpenAPI document only.
+
+The handlers parse bodies themselves (their own checks and error messages, unknown fields
+refused by name) and build replies as plain dicts; these structs describe the same fields so
+that `/docs` can show them. `tests/unit/test_api_reference.py` keeps the two from drifting:
+every route's body, query and path parameters must be in the document.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+Timestamp = Annotated[int, Meta(description="Unix seconds.")]
+UserId = Annotated[str, Meta(min_length=1, max_length=256, description="The end user.")]
+
+
+class ErrorObject(Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(Struct, kw_only=True):
+    """OpenAI's error envelope; every error of the API has this shape (upstream errors pass
+    through with the upstream's own status and body)."""
+
+    error: ErrorObject
+
+
+class ToolCallFunction(Struct, kw_only=True):
+    name: str
+    arguments: Annotated[str, Meta(description="The arguments, as a JSON text.")]
+
+
+class ToolCall(Struct, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(Struct, kw_only=True):
+    """A chat message in OpenAI's shape, as stored and imported."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: (
+        Annotated[str, Meta(description="Text.")]
+        | Annotated[list[dict[str, Any]], Meta(description="Content parts (text, image_url...).")]
+        | None
+    ) = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class ImportedMessage(ChatMessage, kw_only=True):
+    created_at: (
+        Annotated[str, Meta(description="When it was said (ISO 8601); now when left out.")] | None
+    ) = None
+
+
+class InlineAttachment(Struct, kw_only=True):
+    """A document for this turn: `content` (with an optional `title` and `source`), or the
+    `attachment_id` of one stored with the conversation. Removed before forwarding."""
+
+    content: str | None = None
+    title: Annotated[str, Meta(max_length=512)] | None = None
+    source: Annotated[str, Meta(max_length=2048)] | None = None
+    attachment_id: str | None = None
+
+
+class ChatCompletionExtensions(Struct, kw_only=True):
+    """What memproxy adds to OpenAI's chat completion request (all optional)."""
+
+    attachments: Annotated[list[InlineAttachment], Meta(max_length=20)] | None = None
+
+
+class CreateConversationRequest(Struct, kw_only=True):
+    user: UserId
+    id: (
+        Annotated[
+            str,
+            Meta(
+                pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+                description="Chosen by the caller; a new id when left out.",
+            ),
+        ]
+        | None
+    ) = None
+    title: Annotated[str, Meta(max_length=512)] | None = None
+    messages: (
+        Annotated[list[ImportedMessage], Meta(min_length=1, description="History imported as is.")]
+        | None
+    ) = None
+
+
+class UpdateConversationRequest(Struct, kw_only=True):
+    title: Annotated[str, Meta(max_length=512)] | None = None
+    archived: bool | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class AppendMessagesRequest(Struct, kw_only=True):
+    messages: Annotated[list[ImportedMessage], Meta(min_length=1)]
+
+
+class CreateMemoryRequest(Struct, kw_only=True):
+    user: UserId
+    text: Annotated[str, Meta(min_length=1, max_length=4000)]
+    kind: Annotated[str, Meta(max_length=32, description="fact, preference, or any name.")] = "fact"
+    pinned: Annotated[bool, Meta(description="Attached to every turn of the user.")] = False
+    confidence: Annotated[float, Meta(ge=0, le=1)] | None = None
+
+
+class UpdateMemoryRequest(Struct, kw_only=True):
+    text: Annotated[str, Meta(min_length=1, max_length=4000)] | None = None
+    kind: Annotated[str, Meta(max_length=32)] | None = None
+    pinned: bool | None = None
+    confidence: Annotated[float, Meta(ge=0, le=1)] | None = None
+
+
+class CreateAttachmentRequest(Struct, kw_only=True):
+    """A document as JSON (or upload it as multipart/form-data: `file`, `title`, `source`)."""
+
+    content: Annotated[str, Meta(min_length=1)]
+    title: Annotated[str, Meta(max_length=512)] | None = None
+    source: Annotated[str, Meta(max_length=2048)] | None = None
+    media_type: Literal["text/plain", "text/markdown", "text/html"] | None = None
+
+
+class AttachmentUpload(Struct, kw_only=True):
+    file: Annotated[bytes, Meta(description="The document: text, Markdown, HTML or PDF.")]
+    title: Annotated[str, Meta(max_length=512)] | None = None
+    source: Annotated[str, Meta(max_length=2048)] | None = None
+
+
+class Conversation(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.conversation"]
+    user: str
+    title: str | None
+    archived: bool
+    message_count: int
+    created_at: Timestamp
+    updated_at: Timestamp
+    metadata: dict[str, Any] | None
+
+
+class Message(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.message"]
+    conversation_id: str
+    seq: int
+    role: str
+    content: str | list[dict[str, Any]] | None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    status: str
+    tokens: int
+    exchange_id: str | None
+    created_at: Timestamp
+    metadata: dict[str, Any] | None
+
+
+class Memory(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.memory"]
+    user: str
+    kind: str
+    text: str
+    pinned: bool
+    confidence: float | None
+    source_exchange_id: str | None
+    access_count: int
+    created_at: Timestamp
+    updated_at: Timestamp
+    last_used_at: Timestamp | None
+
+
+class Attachment(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.attachment"]
+    conversation_id: str
+    title: str | None
+    source: str | None
+    media_type: str
+    origin: str
+    tokens: int
+    chunks: int
+    bytes: int | None
+    created_at: Timestamp
+    content: Annotated[str, Meta(description="Only when one document is read.")] | None = None
+
+
+class Job(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.job"]
+    kind: str
+    subject: str | None
+    user: str | None
+    status: str
+    attempts: int
+    run_after: Timestamp
+    last_error: str | None
+    result: dict[str, Any] | None
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class _Page(Struct, kw_only=True):
+    object: Literal["list"]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class ConversationList(_Page, kw_only=True):
+    data: list[Conversation]
+
+
+class MessageList(_Page, kw_only=True):
+    data: list[Message]
+
+
+class MemoryList(_Page, kw_only=True):
+    data: list[Memory]
+
+
+class AttachmentList(_Page, kw_only=True):
+    data: list[Attachment]
+
+
+class JobList(_Page, kw_only=True):
+    data: list[Job]
+
+
+class Deleted(Struct, kw_only=True):
+    id: str
+    object: str
+    deleted: Literal[True]
+
+
+class UserDeleted(Struct, kw_only=True):
+    object: Literal["memory.user.deleted"]
+    user: str
+    deleted: Annotated[dict[str, int], Meta(description="How many of each kind went.")]
+
+
+class ExportedConversation(Conversation, kw_only=True):
+    messages: list[Message]
+    attachments: list[Attachment]
+
+
+class UserExportDocument(Struct, kw_only=True):
+    object: Literal["memory.user.export"]
+    user: str
+    exported_at: Timestamp
+    conversations: list[ExportedConversation]
+    memories: list[Memory]
+    exchanges: list[dict[str, Any]]
+    summaries: list[dict[str, Any]]
+    jobs: list[Job]
+    vectors: int
+
+
+class ExchangeUsage(Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int | None
+    total_tokens: int
+    cached_tokens: int | None
+    reasoning_tokens: int | None
+    estimated: bool
+    reported: dict[str, Any] | None
+
+
+class ExchangeCost(Struct, kw_only=True):
+    priced: bool | None
+    usd: float | None
+    upstream_usd: float | None
+    memory_usd: float | None
+    parts: Any
+
+
+class ExchangeTimings(Struct, kw_only=True):
+    latency_ms: float | None
+    ttft_ms: float | None
+    upstream_ms: float | None
+    overhead_ms: float | None
+
+
+class Exchange(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.exchange"]
+    status: Annotated[str, Meta(description="in_progress, then ok, incomplete or error.")]
+    final: bool
+    http_status: int | None
+    user: str
+    conversation_id: str | None
+    model: str | None
+    upstream: str | None
+    mode: str
+    stream: bool
+    intent: Annotated[str | None, Meta(description="The turn's intent label.")]
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    attached: dict[str, Any] | None
+    usage: ExchangeUsage | None
+    cost: ExchangeCost
+    timings: ExchangeTimings
+    error: Any
+
+
+class UsageTotals(Struct, kw_only=True):
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cost_usd: float | None
+    cost_upstream_usd: float | None
+    cost_memory_usd: float | None
+    unpriced_requests: int
+
+
+class UsageReport(Struct, kw_only=True, rename={"from_": "from"}):
+    object: Literal["memory.usage"]
+    from_: Annotated[str, Meta(description="ISO 8601.")]
+    to: str
+    group_by: Literal["model", "user", "day", "intent"] | None
+    user: str | None
+    data: Annotated[
+        list[dict[str, Any]],
+        Meta(
+            description="One entry per group: the group's key under `group_by`'s name and totals."
+        ),
+    ]
+    total: UsageTotals
+
+
+class LimitUsage(Struct, kw_only=True):
+    limit: float
+    used: float
+    remaining: float
+    window: str
+    resets_at: Timestamp
+
+
+class Limits(Struct, kw_only=True):
+    object: Literal["memory.limits"]
+    limits: dict[str, float | None]
+    usage: dict[str, LimitUsage]
+    synced_at: float | None
+    sync_interval_seconds: float
+
+
+class Health(Struct, kw_only=True):
+    status: str
+    database: str | None = None
+    storage_circuit: str | None = None
+
+
+# Request bodies: Litestar generates components only for the types of handler signatures and
+# responses, so these (and what they reference) are generated with msgspec.
+REQUEST_BODIES: tuple[type[Struct], ...] = (
+    ChatCompletionExtensions,
+    CreateConversationRequest,
+    UpdateConversationRequest,
+    AppendMessagesRequest,
+    CreateMemoryRequest,
+    UpdateMemoryRequest,
+    CreateAttachmentRequest,
+    AttachmentUpload,
+)
