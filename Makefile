@@ -38,7 +38,7 @@ lint: install-dev
 
 # The documentation site into ./site; --strict: a broken link or a page missing from the nav fails.
 docs: install-dev
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: install-dev
 	$(BIN)/python bench/overhead.py
