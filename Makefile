@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
-.PHONY: serve test lint bench install install-dev clean
+.PHONY: serve test lint docs bench install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
 	touch $@ $(VENV)/.installed
 
 serve: install
@@ -36,8 +36,12 @@ lint: install-dev
 	$(BIN)/ruff format --check proxy storage policies tests bench
 	$(BIN)/mypy
 
+# The documentation site into ./site; --strict: a broken link or a page missing from the nav fails.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: install-dev
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) site *.egg-info .pytest_cache .mypy_cache .ruff_cache

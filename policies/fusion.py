@@ -10,7 +10,7 @@ This keeps the full-text scores' own spread, which `policies.recall.rank` builds
 hits reach wider windows, a hit's neighbours are worth a share of it). Reciprocal rank fusion
 was measured first and lost evidence on LoCoMo: ranks flatten a strong full-text hit and the
 tenth weak one to nearly the same score, so the neighbour and window rules stopped telling
-them apart (README, recall).
+them apart (docs/concepts/recall.md).
 """
 
 from __future__ import annotations

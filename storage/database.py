@@ -52,7 +52,7 @@ SQLITE_PRAGMAS = (
     "PRAGMA synchronous=NORMAL",  # durable across a process crash; WAL keeps it consistent
     "PRAGMA foreign_keys=ON",
     # What is deleted is overwritten, not left in the file's free space (an erased user's
-    # words, say); no measurable cost on writes (bench in the README).
+    # words, say); no measurable cost on writes (bench in docs/design/storage.md).
     "PRAGMA secure_delete=ON",
 )
 SQLITE_READERS = 4
@@ -62,7 +62,8 @@ WAL_ATTEMPTS = 20
 # use, as `pool_pre_ping` does, cost a turn with memory on 1.6-1.9 ms (its four transactions).
 # A connection used this recently is alive unless the server restarted since: then the units
 # of work holding or taking such a connection before the first failure fail, as in any outage
-# (README: PostgreSQL: pooled connections), and the pool replaces every older connection.
+# (docs/performance/latency-notes.md: pooled connections), and the pool replaces every older
+# connection.
 IDLE_CHECK_SECONDS = 2.0
 
 

@@ -9,7 +9,7 @@ totals of the current windows, which include every replica's counts written so f
 So a request admitted by one replica is seen by the others within 2T (T until it is written, T
 until they read it), and the most a window can be overshot is what the other replicas admitted
 in those 2T; tokens and cost are only known when a call finishes, so calls in flight when a
-limit is reached add theirs too. README.md ("Limits and budgets") states the bound in full.
+limit is reached add theirs too. docs/concepts/costs-and-limits.md states the bound in full.
 
 If the database cannot be reached, counts stay local (nothing is lost; they are written once it
 answers again) and decisions go on from the last shared totals. Tenants without limits are not

@@ -102,7 +102,8 @@ class ServerConfig(_Strict):
     # then one request tries it, and its success, or a spill replay that stores, closes the
     # circuit. 0 (the default): no breaker, every request tries (and may wait
     # `storage_timeout_ms`). Off by default: under overload (the process queueing, not the
-    # database) it can feed on its own timeouts and degrade most requests (README).
+    # database) it can feed on its own timeouts and degrade most requests
+    # (docs/operations/database-away.md).
     storage_breaker_threshold: int = Field(0, ge=0)
     storage_breaker_open_seconds: float = Field(5.0, gt=0)
     # GET /v1/memory/users/{id}/export reads and sends the user's rows this many at a time

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import httpx
 
-# Pools upstream requests are spread over (README, Load: measured against one).
+# Pools upstream requests are spread over (docs/performance: Load, measured against one).
 SHARDS = 8
 
 

@@ -1,7 +1,7 @@
 """Per-tenant limits and budgets through the real server and the official SDK: a refused request
 is a 429 in OpenAI's shape with `retry-after` and never reaches the upstream; and two
 `memproxy serve` processes on one PostgreSQL database enforce one shared limit, overshooting it
-by no more than README.md ("Limits and budgets") allows."""
+by no more than docs/concepts/costs-and-limits.md allows."""
 
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ async def test_a_concurrent_flood_on_both_replicas_is_capped_at_one_limit_per_re
     replicas: Replicas, clients: Callable[[Replica, str], openai.AsyncOpenAI]
 ) -> None:
     """Without time to reconcile, each replica still counts its own requests exactly: at most
-    N x limit in one window, whatever the timing (the worst case README.md states)."""
+    N x limit in one window, whatever the timing (the worst case docs/concepts/costs-and-limits.md states)."""
     tenant = "flood"
     await wait_for_a_fresh_minute()
     a, b = clients(replicas.a, tenant), clients(replicas.b, tenant)
