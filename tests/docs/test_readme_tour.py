@@ -22,11 +22,6 @@ from tests.processes import Replica, spawn, stop, wait_ready
 
 README = ROOT / "README.md"
 TOUR = [b for b in blocks(README) if b.lang in ("sh", "python") and b.mark != "not run"]
-SHIPPED = yaml.safe_load((ROOT / "config.yaml").read_text())
-# The tour's tenant, with memory extraction answered by the echo upstream: the other half of
-# issue 32. Until it is in config.yaml, the tour runs on a stand-in `tour` tenant without
-# extraction, and its memories step is an expected failure (see the end of the test).
-ECHO_EXTRACTION = "tour" in (SHIPPED.get("tenants") or {})
 
 
 @pytest.fixture
@@ -34,8 +29,6 @@ def shipped_server(tmp_path: Path) -> Iterator[Replica]:
     """The shipped config.yaml as it is, but for the database: a new file in tmp_path."""
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["database"]["url"] = f"sqlite+aiosqlite:///{tmp_path / 'tour.db'}"
-    if not ECHO_EXTRACTION:
-        config["tenants"]["tour"] = {"api_keys": ["tour-key"]}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     replica = spawn("tour", path, tmp_path)
@@ -127,11 +120,6 @@ def test_readme_tour_runs_as_written(shipped_server: Replica) -> None:
     # Memories: extracted in the background after each exchange (the echo upstream proposes
     # the user's first-person statements as facts), for a tenant with `memory.extract: llm`.
     memories_block = next(b for b in TOUR if "/v1/memory/memories?user=alice" in b.body)
-    if not ECHO_EXTRACTION:
-        pytest.xfail(
-            "the tour's memories step needs the shipped config's `tour` tenant (memory.extract: "
-            "llm) and an echo upstream that answers extraction calls (issue 32, echo half)"
-        )
     assert load_config(ROOT / "config.yaml", {}).tenants["tour"].memory.extract == "llm"
     deadline = time.monotonic() + 20
     while True:  # (extraction is a background job: it may still be running)
