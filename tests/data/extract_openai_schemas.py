@@ -20,6 +20,10 @@ ROOTS = (
     "CreateChatCompletionStreamResponse",
     "ErrorResponse",
     "ListModelsResponse",
+    "CreateResponse",
+    "Response",
+    "ResponseStreamEvent",
+    "ResponseItemList",
 )
 # Keys that only document a schema; none of them changes what validates.
 _DOC_KEYS = frozenset({"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel"})
