@@ -79,10 +79,12 @@ def response_object(
         "top_logprobs": request.get("top_logprobs") or 0,
         "top_p": _number(request.get("top_p"), 1.0),
         "truncation": request.get("truncation") or "disabled",
-        "usage": usage,
         "metadata": request.get("metadata") or {},
     }
-    if isinstance(request.get("user"), str):  # (a string when present; never null)
+    # Both are left out rather than null (the spec does not let them be null).
+    if usage is not None:
+        response["usage"] = usage
+    if isinstance(request.get("user"), str):
         response["user"] = request["user"]
     return response
 
