@@ -46,8 +46,7 @@ def _document() -> dict[str, Any]:
     raw = json.loads(SCHEMAS_FILE.read_text())
     # Only schema objects are rewritten: `components.schemas` maps names to schemas.
     schemas = {
-        name: _to_json_schema(schema)
-        for name, schema in raw["components"]["schemas"].items()
+        name: _to_json_schema(schema) for name, schema in raw["components"]["schemas"].items()
     }
     return {"components": {"schemas": schemas}}
 

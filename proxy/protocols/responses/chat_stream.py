@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from proxy.protocols.responses.from_chat import (
+    as_object,
     function_call_item,
     item_id,
     message_item,
@@ -38,7 +39,8 @@ from proxy.protocols.responses.usage import responses_usage
 
 def encode_event(event: dict[str, Any]) -> bytes:
     """One Responses stream event on the wire."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+    data: bytes = msgspec.json.encode(event)
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + data + b"\n\n"
 
 
 @dataclass(slots=True)
@@ -157,7 +159,9 @@ class ChatToResponsesStream:
                 message.text = _Part(message.next_part)
                 message.next_part += 1
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                opened += self._part_event("response.content_part.added", message, message.text, part)
+                opened += self._part_event(
+                    "response.content_part.added", message, message.text, part
+                )
             chat_logprobs = logprobs.get("content") if isinstance(logprobs, dict) else None
             chat_logprobs = [lp for lp in chat_logprobs or [] if isinstance(lp, dict)]
             message.text.pieces.append(content)
@@ -211,7 +215,7 @@ class ChatToResponsesStream:
         call = self._calls.setdefault(index, _Call())
         if isinstance(delta.get("id"), str) and delta["id"]:
             call.id = call.id or delta["id"]
-        function = delta.get("function") if isinstance(delta.get("function"), dict) else {}
+        function = as_object(delta.get("function"))
         if isinstance(function.get("name"), str):
             call.name += function["name"]
         piece = function.get("arguments")
@@ -291,7 +295,9 @@ class ChatToResponsesStream:
             part = {"type": "refusal", "refusal": refusal}
             out += self._part_event("response.content_part.done", item, item.refusal, part)
         done = self._message_item(item, "completed")
-        return out + self._emit("response.output_item.done", output_index=item.output_index, item=done)
+        return out + self._emit(
+            "response.output_item.done", output_index=item.output_index, item=done
+        )
 
     def _end(
         self, status: str, *, reason: str | None = None, error: dict[str, Any] | None = None

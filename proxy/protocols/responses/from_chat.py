@@ -18,6 +18,11 @@ from proxy.protocols.responses.usage import responses_usage
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+def as_object(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else an empty one (for fields that may be anything)."""
+    return value if isinstance(value, dict) else {}
+
+
 def item_id(prefix: str, response_id: str, index: int) -> str:
     """Ids of a translated response's output items, derived from its own id: `msg_...`,
     `fc_...`, unique within the response and stable for it."""
@@ -39,8 +44,7 @@ def response_object(
     service_tier: str | None = None,
 ) -> dict[str, Any]:
     """A `response` object for `request`: its parameters echoed, its state as given."""
-    reasoning = request.get("reasoning") if isinstance(request.get("reasoning"), dict) else {}
-    text = request.get("text") if isinstance(request.get("text"), dict) else {}
+    reasoning, text = as_object(request.get("reasoning")), as_object(request.get("text"))
     conversation: Any = request.get("conversation")
     if isinstance(conversation, str):
         conversation = {"id": conversation}
@@ -127,7 +131,7 @@ def message_item(
 
 
 def function_call_item(item: str, call: dict[str, Any], status: str) -> dict[str, Any]:
-    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    function = as_object(call.get("function"))
     return {
         "id": item,
         "type": "function_call",
@@ -147,7 +151,11 @@ def output_logprobs(chat_logprobs: Any) -> list[dict[str, Any]]:
             "logprob": lp.get("logprob", 0.0),
             "bytes": lp.get("bytes") or [],
             "top_logprobs": [
-                {"token": t.get("token", ""), "logprob": t.get("logprob", 0.0), "bytes": t.get("bytes") or []}
+                {
+                    "token": t.get("token", ""),
+                    "logprob": t.get("logprob", 0.0),
+                    "bytes": t.get("bytes") or [],
+                }
                 for t in lp.get("top_logprobs") or []
                 if isinstance(t, dict)
             ],
@@ -173,9 +181,8 @@ def response_from_chat(
 ) -> dict[str, Any]:
     """The Responses `response` for a whole chat completion (choice 0) answering `request`."""
     choices = completion.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else {}
-    choice = choice if isinstance(choice, dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice = as_object(choices[0] if isinstance(choices, list) and choices else None)
+    message = as_object(choice.get("message"))
     status, reason = status_of(choice.get("finish_reason"))
     item_status = "completed" if status == "completed" else "incomplete"
     output: list[dict[str, Any]] = []

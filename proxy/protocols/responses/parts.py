@@ -51,9 +51,7 @@ def chat_part(part: Any, where: str) -> dict[str, Any]:
     if kind == "input_image":
         url, file_id = part.get("image_url"), part.get("file_id")
         if not isinstance(url, str) and not isinstance(file_id, str):
-            raise Malformed(
-                f"'{where}' needs an image_url or a file_id.", f"{where}.image_url"
-            )
+            raise Malformed(f"'{where}' needs an image_url or a file_id.", f"{where}.image_url")
         if isinstance(url, str) and file_id is None:
             image: dict[str, Any] = {"url": url}
             if isinstance(part.get("detail"), str):

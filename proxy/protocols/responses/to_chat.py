@@ -2,18 +2,20 @@
 
 What maps (Responses -> Chat Completions):
 
-    model, temperature, top_p, parallel_tool_calls, user, safety_identifier,
-    prompt_cache_key, prompt_cache_retention, service_tier       as they are
-    tools: function {name, description, parameters, strict}      function tools
-    tool_choice: "none" | "auto" | "required"                    the same
-    tool_choice: {type: function, name}                          {type: function, function: {name}}
-    tool_choice: {type: allowed_tools, mode, tools}              {type: allowed_tools, allowed_tools}
-    text.format: text | json_object | json_schema               response_format
-    text.verbosity                                               verbosity
-    max_output_tokens                                            max_completion_tokens
-    reasoning.effort                                             reasoning_effort
-    top_logprobs                                                 logprobs: true, top_logprobs
-    stream                                                       stream, stream_options.include_usage
+    model, temperature, top_p, parallel_tool_calls,   as they are
+      user, safety_identifier, prompt_cache_key,
+      prompt_cache_retention, service_tier
+    tools: function {name, description, parameters,   function tools
+      strict}
+    tool_choice: "none" | "auto" | "required"         the same
+    tool_choice: {type: function, name}               {type: function, function: {name}}
+    tool_choice: {type: allowed_tools, mode, tools}   {type: allowed_tools, allowed_tools}
+    text.format: text | json_object | json_schema     response_format
+    text.verbosity                                    verbosity
+    max_output_tokens                                 max_completion_tokens
+    reasoning.effort                                  reasoning_effort
+    top_logprobs                                      logprobs: true, top_logprobs
+    stream                                            stream, stream_options.include_usage
 
 What cannot be served is refused (400): tools other than functions (web_search, file_search,
 mcp, code_interpreter...), a tool_choice naming one, `prompt` templates and `background: true`.

@@ -1,12 +1,12 @@
 """Usage objects between the two APIs, so that one pricer prices both.
 
-    Responses                                   Chat Completions
-    input_tokens                                prompt_tokens
-    output_tokens                               completion_tokens
-    total_tokens                                total_tokens
-    input_tokens_details.cached_tokens          prompt_tokens_details.cached_tokens
-    input_tokens_details.cache_write_tokens     cache_creation_input_tokens (what the pricer reads)
-    output_tokens_details.reasoning_tokens      completion_tokens_details.reasoning_tokens
+Responses                                   Chat Completions
+input_tokens                                prompt_tokens
+output_tokens                               completion_tokens
+total_tokens                                total_tokens
+input_tokens_details.cached_tokens          prompt_tokens_details.cached_tokens
+input_tokens_details.cache_write_tokens     cache_creation_input_tokens (what the pricer reads)
+output_tokens_details.reasoning_tokens      completion_tokens_details.reasoning_tokens
 """
 
 from __future__ import annotations
