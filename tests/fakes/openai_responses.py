@@ -256,7 +256,7 @@ def _called_tool(choice: Any, tools: list[str], last: dict[str, Any]) -> str | N
 
 def _check_tool_outputs(context: list[dict[str, Any]]) -> None:
     calls: set[str] = set()
-    for i, item in enumerate(context):
+    for item in context:
         if item.get("type") == "function_call":
             calls.add(item["call_id"])
         elif item.get("type") == "function_call_output" and item["call_id"] not in calls:
