@@ -347,3 +347,13 @@ def test_usage_maps_both_ways_and_prices_the_same() -> None:
     parsed = parse_usage(chat_usage(written))
     assert parsed is not None and parsed.cache_write_tokens == 7
     assert chat_usage(None) is None and responses_usage("x") is None
+
+
+def test_a_stored_refusal_goes_to_the_chat_api_with_content() -> None:
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "refusal": "No."},
+        {"role": "user", "content": "y"},
+    ]
+    sent = chat_request({"model": "m"}, messages).body["messages"]
+    assert sent[1] == {"role": "assistant", "content": "No.", "refusal": "No."}

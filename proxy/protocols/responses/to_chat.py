@@ -130,7 +130,13 @@ def chat_messages(messages: list[dict[str, Any]], dropped: list[str]) -> list[di
         if is_opaque(message):
             _note(dropped, f"input items of type {message['opaque_item'].get('type')}")
             continue
-        message = {k: v for k, v in message.items() if k != "refusal"}
+        message = dict(message)
+        if (
+            message.get("content") is None
+            and message.get("refusal")
+            and not message.get("tool_calls")
+        ):
+            message["content"] = message["refusal"]  # (the chat API wants content or calls)
         content = message.get("content")
         if isinstance(content, list):
             kept = [p for p in content if is_chat_part(p)]
