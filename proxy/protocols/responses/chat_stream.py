@@ -159,8 +159,8 @@ class ChatToResponsesStream:
                 message.text = _Part(message.next_part)
                 message.next_part += 1
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                opened += self._part_event(
-                    "response.content_part.added", message, message.text, part
+                opened += _part_event(
+                    self._emit, "response.content_part.added", message, message.text, part
                 )
             chat_logprobs = logprobs.get("content") if isinstance(logprobs, dict) else None
             chat_logprobs = [lp for lp in chat_logprobs or [] if isinstance(lp, dict)]
@@ -181,8 +181,8 @@ class ChatToResponsesStream:
                 message.refusal = _Part(message.next_part)
                 message.next_part += 1
                 part = {"type": "refusal", "refusal": ""}
-                opened += self._part_event(
-                    "response.content_part.added", message, message.refusal, part
+                opened += _part_event(
+                    self._emit, "response.content_part.added", message, message.refusal, part
                 )
             message.refusal.pieces.append(refusal)
             out += opened + self._emit(
@@ -243,58 +243,23 @@ class ChatToResponsesStream:
         call.output_index = len(self._order)
         call.item = item_id("fc", self.response_id, call.output_index)
         self._order.append(call)
-        item = self._call_item(call, "in_progress", arguments="")
+        item = _call_shape(call, "in_progress", arguments="")
         return self._emit("response.output_item.added", output_index=call.output_index, item=item)
 
     # --- the end ------------------------------------------------------------------------------
 
     def _close(self, item: _Message | _Call) -> bytes:
-        if isinstance(item, _Call):
-            out = b""
-            if item.output_index < 0:  # never named: it still becomes an item
-                out += self._add_call(item)
-            arguments = "".join(item.arguments)
-            out += self._emit(
-                "response.function_call_arguments.done",
-                item_id=item.item,
-                name=item.name,
-                output_index=item.output_index,
-                arguments=arguments,
-            )
-            done = self._call_item(item, "completed")
-            return out + self._emit(
-                "response.output_item.done", output_index=item.output_index, item=done
-            )
-        out = b""
-        if item.text is not None:
-            text = "".join(item.text.pieces)
-            out += self._emit(
-                "response.output_text.done",
-                item_id=item.id,
-                output_index=item.output_index,
-                content_index=item.text.index,
-                text=text,
-                logprobs=[_delta_logprob(lp) for lp in item.text.logprobs],
-            )
-            part = {
-                "type": "output_text",
-                "text": text,
-                "annotations": [],
-                "logprobs": output_logprobs({"content": item.text.logprobs}),
-            }
-            out += self._part_event("response.content_part.done", item, item.text, part)
-        if item.refusal is not None:
-            refusal = "".join(item.refusal.pieces)
-            out += self._emit(
-                "response.refusal.done",
-                item_id=item.id,
-                output_index=item.output_index,
-                content_index=item.refusal.index,
-                refusal=refusal,
-            )
-            part = {"type": "refusal", "refusal": refusal}
-            out += self._part_event("response.content_part.done", item, item.refusal, part)
-        done = self._message_item(item, "completed")
+        if isinstance(item, _Message):
+            return _close_message(self._emit, item)
+        out = self._add_call(item) if item.output_index < 0 else b""  # (never named)
+        out += self._emit(
+            "response.function_call_arguments.done",
+            item_id=item.item,
+            name=item.name,
+            output_index=item.output_index,
+            arguments="".join(item.arguments),
+        )
+        done = _call_shape(item, "completed")
         return out + self._emit(
             "response.output_item.done", output_index=item.output_index, item=done
         )
@@ -306,9 +271,9 @@ class ChatToResponsesStream:
         self.status = status
         item_status = "completed" if status == "completed" else "incomplete"
         output = [
-            self._call_item(item, item_status)
+            _call_shape(item, item_status)
             if isinstance(item, _Call)
-            else self._message_item(item, item_status)
+            else _message_shape(item, item_status)
             for item in self._order
             if not isinstance(item, _Call) or item.output_index >= 0
         ]
@@ -339,40 +304,79 @@ class ChatToResponsesStream:
             service_tier=self.service_tier,
         )
 
-    def _message_item(self, message: _Message, status: str) -> dict[str, Any]:
-        text = "".join(message.text.pieces) if message.text is not None else None
-        refusal = "".join(message.refusal.pieces) if message.refusal is not None else None
-        logprobs = output_logprobs({"content": message.text.logprobs}) if message.text else []
-        item = message_item(message.id, text, refusal, status, logprobs)
-        if message.refusal and message.text and message.refusal.index < message.text.index:
-            item["content"].reverse()  # (parts in the order they were added)
-        return item
-
-    def _call_item(self, call: _Call, status: str, arguments: str | None = None) -> dict[str, Any]:
-        chat_call = {
-            "id": call.id,
-            "function": {
-                "name": call.name,
-                "arguments": "".join(call.arguments) if arguments is None else arguments,
-            },
-        }
-        return function_call_item(call.item, chat_call, status)
-
-    def _part_event(
-        self, kind: str, message: _Message, part: _Part, shape: dict[str, Any]
-    ) -> bytes:
-        return self._emit(
-            kind,
-            item_id=message.id,
-            output_index=message.output_index,
-            content_index=part.index,
-            part=shape,
-        )
-
     def _emit(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return encode_event(event)
+
+
+Emit = Callable[..., bytes]
+
+
+def _part_event(emit: Emit, kind: str, message: _Message, part: _Part, shape: Any) -> bytes:
+    return emit(
+        kind,
+        item_id=message.id,
+        output_index=message.output_index,
+        content_index=part.index,
+        part=shape,
+    )
+
+
+def _close_message(emit: Emit, item: _Message) -> bytes:
+    """The .done events of a message item's parts, then of the item."""
+    out = b""
+    if item.text is not None:
+        text = "".join(item.text.pieces)
+        out += emit(
+            "response.output_text.done",
+            item_id=item.id,
+            output_index=item.output_index,
+            content_index=item.text.index,
+            text=text,
+            logprobs=[_delta_logprob(lp) for lp in item.text.logprobs],
+        )
+        part = {
+            "type": "output_text",
+            "text": text,
+            "annotations": [],
+            "logprobs": output_logprobs({"content": item.text.logprobs}),
+        }
+        out += _part_event(emit, "response.content_part.done", item, item.text, part)
+    if item.refusal is not None:
+        refusal = "".join(item.refusal.pieces)
+        out += emit(
+            "response.refusal.done",
+            item_id=item.id,
+            output_index=item.output_index,
+            content_index=item.refusal.index,
+            refusal=refusal,
+        )
+        shape = {"type": "refusal", "refusal": refusal}
+        out += _part_event(emit, "response.content_part.done", item, item.refusal, shape)
+    done = _message_shape(item, "completed")
+    return out + emit("response.output_item.done", output_index=item.output_index, item=done)
+
+
+def _message_shape(message: _Message, status: str) -> dict[str, Any]:
+    text = "".join(message.text.pieces) if message.text is not None else None
+    refusal = "".join(message.refusal.pieces) if message.refusal is not None else None
+    logprobs = output_logprobs({"content": message.text.logprobs}) if message.text else []
+    item = message_item(message.id, text, refusal, status, logprobs)
+    if message.refusal and message.text and message.refusal.index < message.text.index:
+        item["content"].reverse()  # (parts in the order they were added)
+    return item
+
+
+def _call_shape(call: _Call, status: str, arguments: str | None = None) -> dict[str, Any]:
+    chat_call = {
+        "id": call.id,
+        "function": {
+            "name": call.name,
+            "arguments": "".join(call.arguments) if arguments is None else arguments,
+        },
+    }
+    return function_call_item(call.item, chat_call, status)
 
 
 def _delta_logprob(lp: dict[str, Any]) -> dict[str, Any]:
