@@ -8,7 +8,9 @@ tests/data/extract_openai_schemas.py). That document says `openapi: 3.1.0` and m
 nullability the 3.1 way (`anyOf: [..., {type: null}]`), but some schemas still use 3.0's
 `nullable: true` (e.g. a stream chunk's `finish_reason`, `logprobs` and `usage`), which JSON
 Schema ignores. Those are rewritten to `anyOf: [<schema>, {type: null}]` before validating with
-Draft 2020-12. OpenAPI-only keywords (`discriminator`, `x-*`) are annotations and are ignored;
+Draft 2020-12. Its `oneOf`s overlap (an easy input message is also a typed one, a function
+tool's parameters match several shapes), so a valid body can match two branches: every `oneOf`
+is read as `anyOf`. OpenAPI-only keywords (`discriminator`, `x-*`) are annotations and are ignored;
 `format` is not checked (the spec uses non-standard formats such as `unixtime`).
 """
 
@@ -24,13 +26,15 @@ from jsonschema import Draft202012Validator
 SCHEMAS_FILE = Path(__file__).parent / "data" / "openai-schemas.json"
 
 
-def _nullable_to_json_schema(node: Any) -> Any:
+def _to_json_schema(node: Any) -> Any:
     if isinstance(node, list):
-        return [_nullable_to_json_schema(value) for value in node]
+        return [_to_json_schema(value) for value in node]
     if not isinstance(node, dict):
         return node
     converted = {
-        key: _nullable_to_json_schema(value) for key, value in node.items() if key != "nullable"
+        "anyOf" if key == "oneOf" else key: _to_json_schema(value)
+        for key, value in node.items()
+        if key != "nullable"
     }
     if node.get("nullable") is True:
         return {"anyOf": [converted, {"type": "null"}]}
@@ -42,8 +46,7 @@ def _document() -> dict[str, Any]:
     raw = json.loads(SCHEMAS_FILE.read_text())
     # Only schema objects are rewritten: `components.schemas` maps names to schemas.
     schemas = {
-        name: _nullable_to_json_schema(schema)
-        for name, schema in raw["components"]["schemas"].items()
+        name: _to_json_schema(schema) for name, schema in raw["components"]["schemas"].items()
     }
     return {"components": {"schemas": schemas}}
 

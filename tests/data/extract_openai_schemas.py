@@ -24,6 +24,10 @@ ROOTS = (
     "CreateChatCompletionStreamResponse",
     "ErrorResponse",
     "ListModelsResponse",
+    "CreateResponse",
+    "Response",
+    "ResponseStreamEvent",
+    "ResponseItemList",
 )
 REFERENCE_ROOTS = (
     "CreateChatCompletionRequest",

@@ -210,6 +210,10 @@ class FakeOpenAI:
         path = request.path.removeprefix("/v1")
         if path == "/chat/completions" and request.method == "POST":
             return chat_reply(request.json())
+        if path == "/responses" or path.startswith("/responses/"):
+            # A chat-only server (vLLM, Ollama, most gateways): no Responses API, as OpenAI
+            # answers an unknown route (tests/fakes/openai_responses.py speaks it).
+            return error_reply(404, f"Invalid URL ({request.method} {request.path})")
         if path == "/models":
             data = [
                 {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
