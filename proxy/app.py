@@ -266,6 +266,7 @@ def create_app(
     app = Litestar(
         route_handlers=[
             openai.chat_completions,
+            openai.create_response,
             openai.list_models,
             openai.passthrough,
             *memory.ROUTES,

@@ -112,6 +112,35 @@ def check_chat_request(body: dict[str, Any]) -> None:
         )
 
 
+def check_responses_request(body: dict[str, Any]) -> None:
+    """The Responses API fields the proxy itself relies on (the items are checked as they are
+    read); everything else is the upstream's to judge."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip() or len(model) > 256 or "\x00" in model:
+        what = "missing" if model is None else "not a non-empty string of at most 256 characters"
+        raise BadRequest(f"'model' is {what}.", param="model")
+    if body.get("input") is None and body.get("previous_response_id") is None:
+        raise BadRequest("'input' is missing.", param="input")
+    for key, kind, name in (
+        ("stream", bool, "a boolean"),
+        ("store", bool, "a boolean"),
+        ("previous_response_id", str, "a string"),
+        ("instructions", str, "a string"),
+        ("tools", list, "an array"),
+        ("metadata", dict, "an object"),
+        ("stream_options", dict, "an object"),
+    ):
+        value = body.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise BadRequest(f"'{key}' is {_kind(value)}, expected {name}.", param=key)
+    conversation = body.get("conversation")
+    if conversation is not None and not isinstance(conversation, str | dict):
+        raise BadRequest(
+            f"'conversation' is {_kind(conversation)}, expected a string or an object.",
+            param="conversation",
+        )
+
+
 def _kind(value: Any) -> str:
     names = {
         dict: "an object",

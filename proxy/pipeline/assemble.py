@@ -71,7 +71,8 @@ async def assemble_turn(
         context_window=window,
         reserve_tokens=req.turn.reserve_tokens,
     )
-    history = turn.history if turn is not None and use_memory else []
+    attach = turn is not None and use_memory and req.turn.attach_history
+    history = turn.history if turn is not None and attach else []
     attached = await _attach(req, loaded, history, budget, use_memory)
     left = ctx.token_budget - attached.tokens
     recall_budget = left

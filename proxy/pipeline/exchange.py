@@ -253,6 +253,7 @@ class TurnExchange:
             upstream_ms=upstream_ms,
             overhead_ms=(now - info.started) * 1000 - upstream_ms,
             attached=self.attached,
+            native=whole.native if ok else None,
         )
 
     async def _settle_stream(self, end: StreamEnd) -> None:
@@ -275,6 +276,7 @@ class TurnExchange:
             upstream_ms=self.req.info.upstream_ms,
             overhead_ms=self.overhead_ms,
             attached=self.attached,
+            native=end.native,
         )
         await self.settle(outcome)
 

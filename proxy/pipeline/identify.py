@@ -42,9 +42,13 @@ class Identity:
         return self.user_id == ANONYMOUS and not self.conversation_id
 
 
-def identify(request: Request[Any, Any, Any], user_fields: list[tuple[str, object]]) -> Identity:
-    """The identity a request's headers and its protocol's user fields give (400 for one that
-    is malformed)."""
+def identify(
+    request: Request[Any, Any, Any],
+    user_fields: list[tuple[str, object]],
+    conversation_field: str | None = None,
+) -> Identity:
+    """The identity a request's headers and its protocol's own fields give (400 for one that
+    is malformed): the user fields in order of trust, and the conversation it names."""
     headers = request.headers
     user: object = header_text(request, "X-Memory-User-Id")
     param = "user"  # (the header's too: the user the request names)
@@ -56,7 +60,7 @@ def identify(request: Request[Any, Any, Any], user_fields: list[tuple[str, objec
         raise BadRequest(
             "The user id must be a non-empty string of at most 256 characters.", param=param
         )
-    conversation_id = headers.get("x-memory-conversation-id")
+    conversation_id = headers.get("x-memory-conversation-id") or conversation_field
     if conversation_id is not None and not CONVERSATION_ID.fullmatch(conversation_id):
         raise BadRequest(
             "X-Memory-Conversation-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -",
@@ -97,7 +101,7 @@ class TurnRequest:
             principal,
             services,
             turn,
-            identify(request, turn.user_fields),
+            identify(request, turn.user_fields, turn.conversation_id),
             services.upstream_for(principal),
             request_info(request.scope),
         )

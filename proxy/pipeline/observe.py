@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from proxy.core.errors import ProxyError
 from proxy.pipeline.wire import StreamReader
 from proxy.upstream.sse import NotUnderstood, SSEDecoder, error_text
 
@@ -28,6 +29,7 @@ class StreamEnd:
     reply: dict[str, Any] | None
     usage: dict[str, Any] | None
     first_chunk_at: float | None
+    native: dict[str, Any] | None = None
 
 
 class StreamWatch:
@@ -49,6 +51,13 @@ class StreamWatch:
         self.first_chunk_at: float | None = None
         self.broken: str | None = None  # why reassembling stopped (an event not understood)
 
+    @property
+    def end_markers(self) -> tuple[bytes, ...]:
+        return self.reader.end_markers
+
+    def failed(self, error: ProxyError) -> bytes:
+        return self.reader.failed(error)
+
     def feed(self, chunk: bytes) -> bytes:
         if self.first_chunk_at is None:
             self.first_chunk_at = time.perf_counter()
@@ -59,7 +68,7 @@ class StreamWatch:
     def flush(self) -> bytes:
         """A last event the upstream did not end with a blank line is still read."""
         rest = self.decoder.pending()
-        return self._read(rest) if rest.strip() else rest
+        return (self._read(rest) if rest.strip() else rest) + self.reader.close()
 
     def _read(self, raw: bytes) -> bytes:
         if self.broken is not None:  # still the usage (and an error, and the end)
@@ -90,7 +99,9 @@ class StreamWatch:
         elif status == "complete" and not reader.ended:
             status = "incomplete"
         reply = reader.message() if reader.received_anything else None
-        return StreamEnd(status, error, reply, reader.usage, self.first_chunk_at)
+        return StreamEnd(
+            status, error, reply, reader.usage, self.first_chunk_at, native=reader.native
+        )
 
     async def finish(self, status: str, error: str | None) -> None:
         # Shielded: a client leaving during this write must not cancel it half-way.

@@ -86,6 +86,9 @@ class Outcome:
     # The proxy's own time: before forwarding, and (non-stream) after the upstream answered.
     overhead_ms: float | None = None
     attached: dict[str, Any] = field(default_factory=dict)
+    # The protocol's own object for the reply, when the proxy keeps it (a Responses
+    # `response`, served later by id): not a column of the exchange record.
+    native: dict[str, Any] | None = None
 
     def fields(self) -> dict[str, Any]:
         """The exchange record's columns for this outcome."""

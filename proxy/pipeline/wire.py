@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.core.errors import ProxyError
 from proxy.upstream.base import Upstream, UpstreamReply
 
 
@@ -29,6 +30,12 @@ class NeutralTurn:
     reserve_tokens: int = 0
     # memproxy's `attachments` extension as the request carried it (checked by the pipeline).
     attachments: object = None
+    # The conversation the protocol itself names (the Responses API's `previous_response_id`
+    # or `conversation`), when no X-Memory-Conversation-Id header does.
+    conversation_id: str | None = None
+    # False when the upstream already holds the conversation's history (a Responses chain it
+    # stores itself): stored history is not sent again; recall, memories and documents are.
+    attach_history: bool = True
 
 
 @dataclass(slots=True)
@@ -39,6 +46,9 @@ class WholeReply:
     message: dict[str, Any] | None
     usage: dict[str, Any] | None
     reply: UpstreamReply
+    # The protocol's own object for the reply, when the proxy keeps it (a Responses
+    # `response`, served later by id).
+    native: dict[str, Any] | None = None
 
 
 class StreamReader(Protocol):
@@ -70,6 +80,24 @@ class StreamReader(Protocol):
 
     def message(self) -> dict[str, Any]:
         """The reply so far as an assistant message, as a client would send it back."""
+        ...
+
+    # Where the stream's end begins in what the client gets (e.g. `data: [DONE]`): held back
+    # until the exchange is stored, so a client's next request finds it.
+    @property
+    def end_markers(self) -> tuple[bytes, ...]: ...
+
+    def failed(self, error: ProxyError) -> bytes:
+        """The last event(s) of a stream that broke, in the protocol's shape."""
+        ...
+
+    def close(self) -> bytes:
+        """The upstream's stream ended (whatever it said last): what the client still gets."""
+        ...
+
+    @property
+    def native(self) -> dict[str, Any] | None:
+        """The protocol's own object for the reply, when the proxy keeps it (see WholeReply)."""
         ...
 
 

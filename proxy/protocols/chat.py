@@ -10,15 +10,19 @@ from typing import Any
 from litestar import Request, Response
 
 from proxy.core.auth import Principal
+from proxy.core.errors import ProxyError, sse_error_event
 from proxy.pipeline.exchange import answer_turn
 from proxy.pipeline.wire import NeutralTurn, WholeReply
 from proxy.state import AppState
 from proxy.upstream.base import Upstream, UpstreamReply
-from proxy.upstream.sse import ReplyAssembler, event_data, reply_from_completion
+from proxy.upstream.sse import DONE, ReplyAssembler, event_data, reply_from_completion
+from storage.records import OPAQUE_ITEM
 
 
 class ChatReader:
     """A chat.completion.chunk stream, folded into one assistant message (choice 0)."""
+
+    end_markers: tuple[bytes, ...] = (DONE,)
 
     def __init__(self, *, drop_usage_chunk: bool) -> None:
         self.reply = ReplyAssembler()
@@ -49,6 +53,16 @@ class ChatReader:
 
     def message(self) -> dict[str, Any]:
         return self.reply.message()
+
+    def failed(self, error: ProxyError) -> bytes:
+        return sse_error_event(error)
+
+    def close(self) -> bytes:
+        return b""
+
+    @property
+    def native(self) -> None:
+        return None
 
 
 class ChatCompletions:
@@ -81,7 +95,8 @@ class ChatCompletions:
     ) -> UpstreamReply:
         body = self.body
         if messages is not body["messages"]:
-            body = {**body, "messages": messages}
+            # (Items of another protocol kept whole, from a stored history, are for it alone.)
+            body = {**body, "messages": [m for m in messages if OPAQUE_ITEM not in m]}
         stream = body.get("stream") is True
         if stream:
             body = self._ask_for_usage(body, upstream)

@@ -38,8 +38,22 @@ class StreamObserver(Protocol):
         """The client went away: finish in the background (this task is being cancelled)."""
         ...
 
+    # Where the stream's end begins in what `feed` returns (Chat Completions' `data: [DONE]`,
+    # a Responses stream's last event): held back until `finish` has stored the reply.
+    @property
+    def end_markers(self) -> tuple[bytes, ...]: ...
+
+    def failed(self, error: ProxyError) -> bytes:
+        """The last event of a stream that broke after its first byte."""
+        ...
+
 
 class _Unobserved:
+    end_markers: tuple[bytes, ...] = (DONE,)
+
+    def failed(self, error: ProxyError) -> bytes:
+        return sse_error_event(error)
+
     def feed(self, chunk: bytes) -> bytes:
         return chunk
 
@@ -67,15 +81,18 @@ class _WholeEvents(_Unobserved):
         return self.decoder.pending()
 
 
-def done_marker(chunk: bytes, line_start: bool) -> int:
-    """Where `data: [DONE]` begins an event line in `chunk`, or -1. The same bytes inside a
-    JSON string (a model explaining SSE) do not count: a JSON string holds no raw newline."""
-    at = chunk.find(DONE)
-    while at >= 0:
-        if (at == 0 and line_start) or chunk[at - 1 : at] == b"\n":
-            return at
-        at = chunk.find(DONE, at + 1)
-    return -1
+def done_marker(chunk: bytes, line_start: bool, markers: tuple[bytes, ...] = (DONE,)) -> int:
+    """Where one of `markers` (`data: [DONE]`) first begins a line in `chunk`, or -1. The same
+    bytes inside a JSON string (a model explaining SSE) do not count: a JSON string holds no
+    raw newline."""
+    found = -1
+    for marker in markers:
+        at = chunk.find(marker)
+        while at >= 0 and not ((at == 0 and line_start) or chunk[at - 1 : at] == b"\n"):
+            at = chunk.find(marker, at + 1)
+        if at >= 0 and (found < 0 or at < found):
+            found = at
+    return found
 
 
 def to_response(
@@ -227,7 +244,7 @@ async def relay(
             chunk = observer.feed(chunk)
             if not chunk:
                 continue
-            at = done_marker(chunk, line_start)
+            at = done_marker(chunk, line_start, observer.end_markers)
             line_start = chunk.endswith(b"\n")
             if at < 0:
                 yield chunk
@@ -263,7 +280,7 @@ async def relay(
             await observer.finish("error", error.message)
         if not events:
             raise
-        yield sse_error_event(error)
+        yield observer.failed(error)
     except (asyncio.CancelledError, GeneratorExit):
         info.outcome = "client_disconnected"
         log_access(request.scope, info)

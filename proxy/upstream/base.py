@@ -50,6 +50,14 @@ class Upstream(Protocol):
         provider works rather than before the request leaves."""
         ...
 
+    async def responses(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        """Send a Responses API request (`POST /v1/responses`), as `chat_completions` does;
+        NotFound from an upstream that speaks no Responses API (it is served by translation:
+        see `responses_mode`)."""
+        ...
+
     async def list_models(self) -> UpstreamReply:
         """The provider's model list in OpenAI's shape."""
         ...
@@ -78,6 +86,15 @@ def model_list(models: Iterable[str], owned_by: str) -> dict[str, Any]:
 
 def model_list_reply(models: Iterable[str], owned_by: str) -> UpstreamReply:
     return UpstreamReply(200, body=msgspec.json.encode(model_list(models, owned_by)))
+
+
+def no_responses(kind: str, name: str) -> NotFound:
+    """What an upstream without a Responses API says (its turns are translated instead)."""
+    return NotFound(
+        f"The {kind} upstream {name!r} has no Responses API; memproxy serves /v1/responses "
+        "for it by translation to chat completions.",
+        code="unsupported_endpoint",
+    )
 
 
 def no_passthrough(kind: str, name: str, method: str, path: str) -> NotFound:

@@ -18,7 +18,7 @@ import msgspec
 
 from policies.tokens import count_messages, count_text
 from proxy.core.config import UpstreamConfig
-from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
+from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough, no_responses
 from proxy.upstream.echo_answers import Answer, answer, describe
 
 __all__ = ["ECHO_EMBEDDING_DIMS", "EchoUpstream", "describe", "hashed_bag_of_words"]
@@ -79,6 +79,11 @@ class EchoUpstream:
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         chunks = _stream(head, reply, n, usage if include_usage else None)
         return UpstreamReply(200, headers, chunks=chunks, media_type="text/event-stream")
+
+    async def responses(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        raise no_responses(self.kind, self.name)
 
     async def list_models(self) -> UpstreamReply:
         return model_list_reply(self._models, "memproxy")

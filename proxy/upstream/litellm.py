@@ -28,7 +28,7 @@ from proxy.core.errors import (
     error_body,
 )
 from proxy.core.logs import LITELLM_LOGGERS
-from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
+from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough, no_responses
 from proxy.upstream.headers import passthrough_headers
 
 log = structlog.get_logger("memproxy.upstream.litellm")
@@ -154,6 +154,11 @@ class LiteLLMUpstream:
             raise self.map_error(exc) from exc
         finally:
             await stream.aclose()  # releases the provider connection when the client left early
+
+    async def responses(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        raise no_responses(self.kind, self.name)
 
     async def list_models(self) -> UpstreamReply:
         return model_list_reply(self._config.models or [], self.name)

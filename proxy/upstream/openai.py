@@ -63,6 +63,17 @@ class OpenAIUpstream:
         )
         return self._readable(reply)
 
+    async def responses(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        headers = {"content-type": "application/json", **self._auth}
+        if stream:
+            headers["accept"] = "text/event-stream"
+        reply = await self._send(
+            "POST", "/responses", b"", headers, msgspec.json.encode(body), stream, sent
+        )
+        return self._readable(reply)
+
     async def list_models(self) -> UpstreamReply:
         return self._readable(await self._send("GET", "/models", b"", dict(self._auth), b"", False))
 

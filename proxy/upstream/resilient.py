@@ -16,6 +16,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -63,12 +64,23 @@ class ResilientUpstream:
     async def chat_completions(
         self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
     ) -> UpstreamReply:
+        return await self._call(
+            partial(self.inner.chat_completions, body, stream=stream, sent=sent)
+        )
+
+    async def responses(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        return await self._call(partial(self.inner.responses, body, stream=stream, sent=sent))
+
+    async def _call(self, send: Callable[[], Awaitable[UpstreamReply]]) -> UpstreamReply:
+        """`send`, retried and counted by the circuit breaker as the upstream's settings say."""
         attempt = 0
         while True:
             attempt += 1
             trial = self._admit()
             try:
-                reply = await self.inner.chat_completions(body, stream=stream, sent=sent)
+                reply = await send()
             except UpstreamStatusError as exc:  # (litellm's: the provider's own error status)
                 self._record(exc.status, trial)
                 wait = self._wait(attempt, exc.status, exc.headers)

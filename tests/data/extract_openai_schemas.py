@@ -34,6 +34,9 @@ REFERENCE_ROOTS = (
     "CreateChatCompletionResponse",
     "CreateChatCompletionStreamResponse",
     "ListModelsResponse",
+    "CreateResponse",
+    "Response",
+    "ResponseStreamEvent",
 )
 # Keys that only document a schema; none of them changes what validates.
 _DOC_KEYS = frozenset({"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel"})

@@ -36,8 +36,9 @@ from proxy.protocols.responses.parts import (
     chat_parts,
     responses_parts,
 )
+from storage.records import OPAQUE_ITEM
 
-OPAQUE = "opaque_item"
+OPAQUE = OPAQUE_ITEM
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 

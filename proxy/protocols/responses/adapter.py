@@ -1,0 +1,279 @@
+"""The Responses API protocol (`POST /v1/responses`) on the turn pipeline.
+
+The request's `instructions` and `input` items become the neutral turn's messages (items.py).
+Two ways to the upstream:
+
+- **native** (an `openai` upstream with its own Responses API): the client's items go as they
+  came, in order; what the proxy attaches is placed among them as items, except that on a
+  response the upstream stores (`store` not false) the proxy's context goes into
+  `instructions`, which `previous_response_id` does not carry over, so it never accumulates in
+  the upstream's state. With `previous_response_id` the upstream holds the history: the proxy
+  sends none of it again (recall, memories and documents still go).
+- **translate** (any other upstream): the request becomes a chat completion (to_chat.py), the
+  reply a Responses `response` or event stream again (from_chat.py, chat_stream.py), and
+  memproxy keeps the responses itself to serve `previous_response_id` and the `GET` routes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from proxy.core.errors import ProxyError
+from proxy.pipeline.wire import NeutralTurn, WholeReply
+from proxy.protocols.responses.chat_stream import ChatToResponsesStream, encode_event
+from proxy.protocols.responses.from_chat import response_from_chat
+from proxy.protocols.responses.items import ParsedInput, messages_to_items, parse_input
+from proxy.protocols.responses.observe import ResponsesAssembler, observe_body
+from proxy.protocols.responses.to_chat import chat_request
+from proxy.upstream.base import Upstream, UpstreamReply
+from proxy.upstream.sse import ReplyAssembler, error_text, event_data, reply_from_completion
+
+# A Responses stream ends with one of these events: held back until the exchange is stored.
+END_MARKERS = (
+    b"event: response.completed",
+    b"event: response.incomplete",
+    b"event: response.failed",
+)
+
+
+def new_response_id() -> str:
+    return "resp_" + secrets.token_hex(24)
+
+
+class TranslatedReader:
+    """A chat completion stream, read as the pipeline reads any chat stream, and given to the
+    client as the Responses event sequence."""
+
+    end_markers = END_MARKERS
+
+    def __init__(self, request: dict[str, Any], response_id: str, created_at: int) -> None:
+        self.chat = ReplyAssembler()
+        self.events = ChatToResponsesStream(request, response_id, created_at)
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.chat.error
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.chat.usage
+
+    @property
+    def ended(self) -> bool:
+        return self.chat.done or bool(self.chat.finish_reason)
+
+    @property
+    def received_anything(self) -> bool:
+        return self.chat.received_anything
+
+    @property
+    def native(self) -> dict[str, Any] | None:
+        return self.events.response
+
+    def message(self) -> dict[str, Any]:
+        return self.chat.message()
+
+    def read(self, raw: bytes, *, fold: bool = True) -> bytes:
+        payload = event_data(raw)
+        if payload is None:
+            return b""  # (a comment or keep-alive: the Responses stream has none)
+        out = self.events.start()
+        if payload == b"[DONE]":
+            self.chat.add(payload)
+            return out + self.events.finish()
+        try:
+            chunk = msgspec.json.decode(payload)
+        except (ValueError, RecursionError):
+            chunk = None
+        if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
+            out += self.events.fail(error_text(chunk["error"]))
+        elif chunk is not None:
+            out += self.events.feed(chunk)
+        self.chat.add(payload, fold=fold)
+        return out
+
+    def close(self) -> bytes:
+        """The upstream's stream ended without its end marker: the response ends all the same."""
+        return self.events.finish()
+
+    def failed(self, error: ProxyError) -> bytes:
+        return self.events.start() + self.events.fail(error.message)
+
+
+class NativeReader:
+    """A Responses event stream from the upstream, relayed as it is and folded to observe."""
+
+    end_markers = END_MARKERS
+
+    def __init__(self) -> None:
+        self.response = ResponsesAssembler()
+        self.sequence = -1
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.response.error if self.response.status == "error" else None
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.response.usage
+
+    @property
+    def ended(self) -> bool:
+        return self.response.terminal is not None
+
+    @property
+    def received_anything(self) -> bool:
+        return self.response.reply() is not None
+
+    @property
+    def native(self) -> dict[str, Any] | None:
+        return self.response.response
+
+    def message(self) -> dict[str, Any]:
+        return self.response.reply() or {"role": "assistant", "content": None}
+
+    def read(self, raw: bytes, *, fold: bool = True) -> bytes:
+        payload = event_data(raw)
+        if payload is not None:
+            self.response.add(payload)
+            self.sequence += 1
+        return raw
+
+    def close(self) -> bytes:
+        return b""
+
+    def failed(self, error: ProxyError) -> bytes:
+        event = {
+            "type": "error",
+            "code": error.code or error.type,
+            "message": error.message,
+            "param": error.param,
+            "sequence_number": self.sequence + 1,
+        }
+        return encode_event(event)
+
+
+class ResponsesAPI:
+    """One `POST /v1/responses` request's adapter."""
+
+    name = "responses"
+
+    def __init__(
+        self,
+        body: dict[str, Any],
+        *,
+        translate: bool,
+        history: list[dict[str, Any]] | None = None,
+        conversation_id: str | None = None,
+        held_upstream: bool = False,
+    ) -> None:
+        """`history`: the messages of a `previous_response_id` chain memproxy keeps itself
+        (translate); `held_upstream`: the upstream keeps that chain (native)."""
+        self.body, self.translate = body, translate
+        self.history = history or []
+        self.conversation_id, self.held_upstream = conversation_id, held_upstream
+        self.response_id = new_response_id() if translate else None
+        self.created_at = int(time.time())
+        # memproxy's own extension: never forwarded.
+        self.attachments = body.pop("attachments", None)
+        self.parsed: ParsedInput = parse_input(body)  # (a malformed item: 400, nothing stored)
+        self.messages = self._messages()
+        if translate:  # (what translation cannot serve: 400 before anything is stored)
+            chat_request(body, self.messages)
+
+    def _messages(self) -> list[dict[str, Any]]:
+        parsed = self.parsed.messages
+        if not self.history:
+            return parsed
+        head = 1 if self.parsed.origin[:1] == [None] else 0  # (instructions stay first)
+        return [*parsed[:head], *self.history, *parsed[head:]]
+
+    def neutral(self) -> NeutralTurn:
+        body = self.body
+        limit = body.get("max_output_tokens")
+        return NeutralTurn(
+            model=body["model"],
+            messages=self.messages,
+            stream=body.get("stream") is True,
+            user_fields=[
+                ("safety_identifier", body.get("safety_identifier")),
+                ("user", body.get("user")),
+            ],
+            reserve_tokens=limit if isinstance(limit, int) and limit > 0 else 0,
+            attachments=self.attachments,
+            conversation_id=self.conversation_id,
+            attach_history=not self.held_upstream,
+        )
+
+    async def call(
+        self,
+        upstream: Upstream,
+        messages: list[dict[str, Any]],
+        *,
+        sent: Callable[[], None] | None = None,
+    ) -> UpstreamReply:
+        stream = self.body.get("stream") is True
+        if self.translate:
+            request = chat_request(self.body, messages)
+            return await upstream.chat_completions(request.body, stream=stream, sent=sent)
+        return await upstream.responses(self.native_body(messages), stream=stream, sent=sent)
+
+    def native_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The request for a native upstream: the client's items unaltered and in order, with
+        what the proxy attached placed among them (or its context in `instructions`)."""
+        if messages is self.messages:
+            return self.body
+        raw = self.body.get("input")
+        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
+        origin = self.parsed.origin
+        ends = [*(o for o in origin if o is not None), len(items)]
+        client = {id(m): i for i, m in enumerate(self.parsed.messages)}
+        out: list[Any] = []
+        context: list[str] = []
+        stored_upstream = self.body.get("store") is not False
+        for message in messages:
+            i = client.get(id(message))
+            if i is not None:
+                start = origin[i]
+                if start is not None:  # (the instructions stay where they are)
+                    out.extend(items[start : next(e for e in ends if e > start)])
+            elif message.get("role") == "system" and stored_upstream:
+                context.append(str(message.get("content") or ""))
+            else:
+                out.extend(messages_to_items([message]))
+        body = {**self.body, "input": out}
+        if context:
+            own = self.body.get("instructions")
+            body["instructions"] = "\n\n".join([*([own] if own else []), *context])
+        return body
+
+    def stream_reader(self) -> TranslatedReader | NativeReader:
+        if self.translate:
+            assert self.response_id is not None
+            return TranslatedReader(self.body, self.response_id, self.created_at)
+        return NativeReader()
+
+    def whole(self, reply: UpstreamReply) -> WholeReply:
+        if reply.status >= 400:
+            return WholeReply(None, None, reply)
+        if not self.translate:
+            seen = observe_body(reply.body or b"")
+            return WholeReply(seen.reply(), seen.usage, reply, native=seen.response)
+        message, usage = reply_from_completion(reply.body or b"")
+        try:
+            completion = msgspec.json.decode(reply.body or b"")
+        except (ValueError, RecursionError):
+            completion = None
+        if not isinstance(completion, dict):
+            return WholeReply(message, usage, reply)
+        assert self.response_id is not None
+        response = response_from_chat(completion, self.body, self.response_id, self.created_at)
+        translated = UpstreamReply(
+            reply.status, dict(reply.headers), body=msgspec.json.encode(response)
+        )
+        return WholeReply(message, usage, translated, native=response)

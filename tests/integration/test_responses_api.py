@@ -1,0 +1,231 @@
+"""`POST /v1/responses` with memory, through the official openai SDK: on a strict fake
+Responses upstream (native: every request it gets is checked against the official schema) and
+on upstreams without a Responses API (translated to chat completions: the chat fake, echo)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel
+
+from proxy.core.config import Config, UpstreamConfig
+from tests.conftest import KEY, make_config
+from tests.fakes.openai_responses import FakeResponses
+from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.server import ServerThread
+from tests.openapi_check import assert_openai_shape
+from tests.responses_check import check_stream
+
+ServeProxy = Callable[[Config], str]
+ALICE = {"X-Memory-User-Id": "alice"}
+LOOKUP: Any = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look a word up",
+    "parameters": {
+        "type": "object",
+        "properties": {"word": {"type": "string"}},
+        "required": ["word"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+@pytest.fixture
+def responses_fake() -> Iterator[tuple[FakeResponses, str]]:
+    app = FakeResponses()
+    with ServerThread(app) as server:
+        yield app, server.url + "/v1"
+
+
+def sdk(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0)
+
+
+@pytest.fixture
+async def native(
+    responses_fake: tuple[FakeResponses, str], serve_proxy: ServeProxy
+) -> AsyncIterator[tuple[FakeResponses, openai.AsyncOpenAI]]:
+    app, url = responses_fake
+    upstream = UpstreamConfig(kind="openai", base_url=url, api_key="upstream-key")
+    async with sdk(serve_proxy(make_config(upstream))) as client:
+        yield app, client
+
+
+@pytest.fixture
+async def translated(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> AsyncIterator[tuple[FakeOpenAI, openai.AsyncOpenAI]]:
+    """An OpenAI-compatible upstream with no Responses API: memproxy translates."""
+    app, url = fake_upstream
+    upstream = UpstreamConfig(kind="litellm", base_url=url, api_key="upstream-key")
+    async with sdk(serve_proxy(make_config(upstream))) as client:
+        yield app, client
+
+
+@pytest.fixture
+async def echo(serve_proxy: ServeProxy) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with sdk(serve_proxy(make_config(UpstreamConfig(kind="echo")))) as client:
+        yield client
+
+
+# --- native -------------------------------------------------------------------------------------
+
+
+async def test_a_response_through_a_native_upstream_carries_memory_headers(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    app, client = native
+    raw = await client.responses.with_raw_response.create(
+        model="gpt-4o", instructions="Be brief.", input="hello there", extra_headers=ALICE
+    )
+    assert_openai_shape("Response", raw.http_response.json())
+    response = raw.parse()
+    assert response.output_text.startswith('fake response to: "hello there"')
+    headers = raw.http_response.headers
+    assert headers["x-memory-conversation-id"].startswith("conv_")
+    assert headers["x-memory-status"] == "ok"
+    assert int(headers["x-usage-prompt-tokens"]) > 0 and headers["x-cost-usd"] != ""
+    assert app.responses_requests[-1]["input"] == "hello there"
+
+
+async def test_a_native_stream_is_relayed_as_the_api_sends_it(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    _, client = native
+    async with client.responses.with_streaming_response.create(
+        model="gpt-4o", input="stream me", stream=True, extra_headers=ALICE
+    ) as raw:
+        body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
+    check_stream(body)
+    async with client.responses.stream(model="gpt-4o", input="again", extra_headers=ALICE) as s:
+        final = await s.get_final_response()
+    assert final.output_text.startswith('fake response to: "again"')
+
+
+async def test_a_fact_from_another_conversation_reaches_a_native_upstream(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    app, client = native
+    await client.responses.create(
+        model="gpt-4o", input="My locker code is 4711, remember it.", extra_headers=ALICE
+    )
+    await client.responses.create(
+        model="gpt-4o", input="What is my locker code?", extra_headers=ALICE
+    )
+    sent = app.responses_requests[-1]
+    # The recalled turn is memproxy's context: in `instructions`, since the upstream stores
+    # the response (it must not pile up in the upstream's state).
+    assert "4711" in sent["instructions"]
+    assert sent["input"] == [{"role": "user", "content": "What is my locker code?"}]
+
+
+async def test_a_client_that_stores_nothing_resends_its_input_and_is_one_conversation(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    app, client = native
+    items: list[Any] = [{"role": "user", "content": "first question"}]
+    first = await client.responses.with_raw_response.create(
+        model="gpt-4o", input=items, store=False, extra_headers=ALICE
+    )
+    reply = first.parse()
+    items += [o.model_dump(exclude_none=True) for o in reply.output]
+    items.append({"role": "user", "content": "second question"})
+    second = await client.responses.with_raw_response.create(
+        model="gpt-4o", input=items, store=False, extra_headers=ALICE
+    )
+    conversation = first.http_response.headers["x-memory-conversation-id"]
+    assert second.http_response.headers["x-memory-conversation-id"] == conversation
+    assert second.http_response.headers["x-memory-history-messages"] == "0"
+    assert app.responses_requests[-1]["store"] is False
+
+
+# --- translated ----------------------------------------------------------------------------------
+
+
+async def test_a_chat_only_upstream_answers_the_responses_api_by_translation(
+    translated: tuple[FakeOpenAI, openai.AsyncOpenAI],
+) -> None:
+    app, client = translated
+    raw = await client.responses.with_raw_response.create(
+        model="gpt-4o-mini", instructions="Be brief.", input="hello", extra_headers=ALICE
+    )
+    assert_openai_shape("Response", raw.http_response.json())
+    assert raw.parse().output_text == "fake reply to: hello"
+    sent = app.requests[-1]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.json()["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+async def test_a_translated_stream_is_the_full_responses_event_sequence(
+    echo: openai.AsyncOpenAI,
+) -> None:
+    async with echo.responses.with_streaming_response.create(
+        model="gpt-4o-mini", input="stream me", stream=True, extra_headers=ALICE
+    ) as raw:
+        body = b"".join([chunk async for chunk in raw.http_response.aiter_bytes()])
+    types = [event["type"] for event in check_stream(body)]
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert "response.output_text.delta" in types and types[-1] == "response.completed"
+    async with echo.responses.stream(model="gpt-4o-mini", input="hi", extra_headers=ALICE) as s:
+        final = await s.get_final_response()
+    assert "echo: received" in final.output_text
+    assert final.usage is not None and final.usage.input_tokens > 0
+
+
+async def test_a_function_call_round_trip_by_translation(echo: openai.AsyncOpenAI) -> None:
+    first = await echo.responses.create(
+        model="gpt-4o-mini",
+        input="Please lookup the word ephemeral.",
+        tools=[LOOKUP],
+        tool_choice={"type": "function", "name": "lookup"},
+        extra_headers=ALICE,
+    )
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    assert call.name == "lookup"
+    followup: list[Any] = [
+        {"role": "user", "content": "Please lookup the word ephemeral."},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "short-lived"},
+    ]
+    second = await echo.responses.create(
+        model="gpt-4o-mini", input=followup, tools=[LOOKUP], extra_headers=ALICE
+    )
+    assert second.output_text.startswith("echo: received")
+
+
+async def test_structured_output_by_translation(echo: openai.AsyncOpenAI) -> None:
+    class Word(BaseModel):
+        word: str
+        letters: int
+
+    parsed = await echo.responses.parse(
+        model="gpt-4o-mini", input="Give me a word.", text_format=Word, extra_headers=ALICE
+    )
+    assert isinstance(parsed.output_parsed, Word)
+
+
+async def test_bad_responses_requests_are_400s_naming_the_param(echo: openai.AsyncOpenAI) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"input": 5}, "input"),
+        ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
+        ({"input": "x", "stream": "yes"}, "stream"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ]
+    for body, param in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await echo.responses.create(model="gpt-4o-mini", **body)
+        assert caught.value.param == param, body
+
+
+async def test_a_malformed_body_is_a_400_in_openais_shape(serve_proxy: ServeProxy) -> None:
+    url = serve_proxy(make_config(UpstreamConfig(kind="echo")))
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
+        response = await http.post(url + "/responses", content=b'{"model": "m", "input": ')
+    assert response.status_code == 400
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
