@@ -44,7 +44,7 @@ from proxy.pipeline.replay import SpillReplayer, Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
-from proxy.routes import export, memories, memory, openai, ops, usage
+from proxy.routes import export, memories, memory, openai, ops, responses, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
@@ -268,6 +268,7 @@ def create_app(
         route_handlers=[
             openai.chat_completions,
             openai.list_models,
+            *responses.ROUTES,
             openai.passthrough,
             *memory.ROUTES,
             *export.ROUTES,

@@ -119,7 +119,15 @@ async def passthrough(
     services: NamedDependency[AppState],
     path: FromPath[str],
 ) -> Response[Any]:
-    """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
+    """Any other OpenAI endpoint (embeddings, files, audio...), unchanged, no memory."""
+    return await forward(request, principal, services, path)
+
+
+async def forward(
+    request: Request[Any, Any, Any], principal: Principal, services: AppState, path: str
+) -> Response[Any]:
+    """The request sent on to the tenant's upstream unchanged (`path`: after /v1, decoded),
+    without memory: the model allow-list applies, and it counts toward the tenant's limits."""
     check_passthrough_path(request.method, path)
     body = await request.body()
     if principal.tenant.models is not None:  # (a model named elsewhere than the body, as in
