@@ -14,9 +14,9 @@ from storage.errors import ConflictError, StaleConversation
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.attachments import Attachments
+from storage.repositories.responses import Responses
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import MessageSearch, scope_token, searchable_text
-from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
