@@ -32,9 +32,10 @@ def new_item_id(kind: str) -> str:
 def input_item_list(value: Any) -> list[dict[str, Any]]:
     """A request's `input` as the items its stored response lists (`/input_items`), in order,
     as OpenAI lists them: a string is one user message; a message given without `type` (the
-    easy form) gets it, and its string content becomes one text part; an item with no id is
-    given one, and `status: completed` where OpenAI shows one. Anything else is kept as
-    given. The request's own items are not changed."""
+    easy form) gets it, its string content becomes one text part, and an output text part
+    its (empty) `annotations` and `logprobs`; an item with no id is given one, and `status:
+    completed` where OpenAI shows one. Anything else is kept as given. The request's own
+    items are not changed."""
     if isinstance(value, str):
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list):
@@ -51,11 +52,20 @@ def _listed(item: dict[str, Any]) -> dict[str, Any]:
     if kind == "message" and isinstance(content, str):
         part = "output_text" if listed.get("role") == "assistant" else "input_text"
         listed["content"] = [{"type": part, "text": content}]
+    if kind == "message" and isinstance(listed.get("content"), list):
+        listed["content"] = [_part(p) for p in listed["content"]]
     if not isinstance(listed.get("id"), str) or not listed["id"]:
         listed["id"] = new_item_id(kind)
     if kind in _WITH_STATUS:
         listed.setdefault("status", "completed")
     return listed
+
+
+def _part(part: Any) -> Any:
+    """An `output_text` part with the lists OpenAI always shows (empty when not given)."""
+    if isinstance(part, dict) and part.get("type") == "output_text":
+        return {"annotations": [], "logprobs": [], **part}
+    return part
 
 
 def item_list(page: ItemPage) -> dict[str, Any]:

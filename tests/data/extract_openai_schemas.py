@@ -20,6 +20,8 @@ ROOTS = (
     "CreateChatCompletionStreamResponse",
     "ErrorResponse",
     "ListModelsResponse",
+    "ResponseItemList",
+    "TokenCountsResource",
 )
 # Keys that only document a schema; none of them changes what validates.
 _DOC_KEYS = frozenset({"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel"})

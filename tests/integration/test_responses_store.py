@@ -23,6 +23,7 @@ from storage.records import ResponseRecord
 from storage.repositories.responses import Responses
 from tests.conftest import CHAT_ONLY_KEY, DEFAULT_DATABASE, KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.openapi_check import assert_openai_shape
 from tests.storage.test_responses import T0
 
 MODEL = "gpt-4o-mini"
@@ -154,7 +155,9 @@ async def test_a_response_the_caller_may_not_see_is_a_404_in_openais_shape(
             ("GET", f"/responses/{response_id}/input_items"),
             ("DELETE", f"/responses/{response_id}"),
         ]:
-            error = error_of(await http.request(method, path), 404)
+            response = await http.request(method, path)
+            assert_openai_shape("ErrorResponse", response.json())
+            error = error_of(response, 404)
             assert error["type"] == "invalid_request_error"
             assert error["message"] == f"Response with id '{response_id}' not found."
     async with http_for(translated, **{"x-memory-user-id": "alice"}) as http:
@@ -205,9 +208,12 @@ async def test_input_items_page_as_openai_lists_them(
             "last_id": ids[0],
             "has_more": False,
         }
+        assert_openai_shape("ResponseItemList", page)
         # The easy form as OpenAI lists it: typed, text parts, a status.
         assert page["data"][-1]["content"] == [{"type": "input_text", "text": "Be brief."}]
-        assert page["data"][-3]["content"] == [{"type": "output_text", "text": "Two"}]
+        assert page["data"][-3]["content"] == [
+            {"type": "output_text", "text": "Two", "annotations": [], "logprobs": []}
+        ]
         assert {item["status"] for item in page["data"]} == {"completed"}
         last = await http.get(f"/responses/{stored.id}/input_items", params={"after": ids[0]})
         assert last.json()["data"] == [] and last.json()["first_id"] is None
@@ -247,6 +253,8 @@ async def test_input_tokens_are_counted_with_the_stored_chain(
         None, [*earlier, *input_item_list("What is my name?")], MODEL
     )
     async with http_for(translated, **{"x-memory-user-id": "bob"}) as http:
+        raw = await http.post("/responses/input_tokens", json={"input": "hi"})
+        assert_openai_shape("TokenCountsResource", raw.json())
         theirs = await http.post(
             "/responses/input_tokens", json={"input": "hi", "previous_response_id": second.id}
         )
