@@ -5,6 +5,7 @@ items its response keeps, and the objects the store's routes answer with."""
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import Any
 
 from storage.records import ItemPage, ResponseRecord
@@ -66,6 +67,37 @@ def _part(part: Any) -> Any:
     if isinstance(part, dict) and part.get("type") == "output_text":
         return {"annotations": [], "logprobs": [], **part}
     return part
+
+
+def response_record(
+    response: dict[str, Any],
+    given_input: Any,
+    *,
+    tenant_id: str,
+    user_id: str,
+    conversation_id: str | None,
+    request_id: str,
+    store: bool,
+    created_at: datetime,
+) -> ResponseRecord:
+    """What to save of a response memproxy returned on a translated upstream: `response` as
+    the client got it (its `id`, `model`, `status` and `previous_response_id` are read from
+    it) and the request's `input` listed as its input items."""
+    previous = response.get("previous_response_id")
+    return ResponseRecord(
+        tenant_id=tenant_id,
+        id=str(response["id"]),
+        user_id=user_id,
+        conversation_id=conversation_id,
+        request_id=request_id,
+        model=str(response.get("model") or ""),
+        previous_response_id=previous if isinstance(previous, str) else None,
+        store=store,
+        status=str(response.get("status") or "completed"),
+        response=response,
+        input_items=input_item_list(given_input),
+        created_at=created_at,
+    )
 
 
 def item_list(page: ItemPage) -> dict[str, Any]:

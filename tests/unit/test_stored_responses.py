@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from policies.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_REPLY, count_response_input, count_text
-from proxy.protocols.stored_responses import input_item_list, new_response_id
+from proxy.protocols.stored_responses import input_item_list, new_response_id, response_record
 
 
 def test_response_ids_look_like_openais() -> None:
@@ -58,3 +59,32 @@ def test_input_tokens_count_instructions_and_each_item_as_a_message() -> None:
     texts = ["Be brief.", "What is the weather?", "weather\n{}", "Sunny", ""]
     expected = sum(TOKENS_PER_MESSAGE + count_text(t, "gpt-4o") for t in texts) + TOKENS_PER_REPLY
     assert count_response_input("Be brief.", items, "gpt-4o") == expected
+
+
+def test_a_record_reads_its_id_model_status_and_chain_from_the_response() -> None:
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    body = {
+        "id": "resp_2",
+        "object": "response",
+        "model": "gpt-4o-mini",
+        "status": "incomplete",
+        "previous_response_id": "resp_1",
+        "output": [],
+    }
+    record = response_record(
+        body,
+        "hi",
+        tenant_id="t1",
+        user_id="alice",
+        conversation_id="c1",
+        request_id="req_1",
+        store=True,
+        created_at=at,
+    )
+    assert (record.id, record.model, record.status, record.previous_response_id) == (
+        "resp_2",
+        "gpt-4o-mini",
+        "incomplete",
+        "resp_1",
+    )
+    assert record.response is body and record.input_items[0]["role"] == "user"
