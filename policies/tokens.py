@@ -72,3 +72,31 @@ def upper_bound_tokens(messages: list[dict[str, Any]]) -> int:
 def count_messages(messages: list[dict[str, Any]], model: str = "") -> int:
     """Prompt tokens of a chat request, as the provider would count them (approximately)."""
     return sum(count_message(m, model) for m in messages) + TOKENS_PER_REPLY
+
+
+def response_item_text(item: Any) -> str:
+    """The text a Responses API input item contributes to the prompt: a message's content
+    (a string or text parts), a function call's name and arguments, a call's output. Other
+    items (reasoning, images) count as nothing here."""
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        return ""
+    kind = item.get("type", "message")
+    if kind == "message":
+        return message_text({"content": item.get("content")})
+    if kind == "function_call":
+        return f"{item.get('name', '')}\n{item.get('arguments', '')}"
+    if kind == "function_call_output":
+        output = item.get("output")
+        return output if isinstance(output, str) else message_text({"content": output})
+    return ""
+
+
+def count_response_input(instructions: Any, items: list[Any], model: str = "") -> int:
+    """Input tokens of a Responses API request, counted as its translation to chat
+    completions would send it (approximately): `instructions` as a system message, each
+    input item as a message."""
+    texts = [instructions] if isinstance(instructions, str) and instructions else []
+    texts += [response_item_text(item) for item in items]
+    return sum(TOKENS_PER_MESSAGE + count_text(text, model) for text in texts) + TOKENS_PER_REPLY

@@ -43,7 +43,7 @@ from proxy.pipeline.replay import SpillReplayer, Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
-from proxy.routes import export, memories, memory, openai, ops, reference, usage
+from proxy.routes import export, memories, memory, openai, ops, reference, responses, usage
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
@@ -266,8 +266,8 @@ def create_app(
     app = Litestar(
         route_handlers=[
             openai.chat_completions,
-            openai.create_response,
             openai.list_models,
+            *responses.ROUTES,
             openai.passthrough,
             *memory.ROUTES,
             *export.ROUTES,

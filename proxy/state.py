@@ -19,7 +19,7 @@ from proxy.background.extraction import MemoryExtractor
 from proxy.background.jobs import JobRunner
 from proxy.background.vector_index import VectorIndex
 from proxy.core.auth import KeyRing, Principal
-from proxy.core.config import Config, UpstreamConfig
+from proxy.core.config import Config, ResponsesMode, UpstreamConfig
 from proxy.core.shutdown import ShutdownDeadline
 from proxy.durability.spill import SpillFile
 from proxy.pipeline.artifacts import Artifacts
@@ -70,6 +70,10 @@ class AppState:
 
     def upstream_for(self, principal: Principal) -> Upstream:
         return self.upstreams[principal.tenant.upstream]
+
+    def responses_mode(self, principal: Principal) -> ResponsesMode:
+        """How the tenant's upstream serves the Responses API (`native` or `translate`)."""
+        return self.config.upstreams[principal.tenant.upstream].responses_mode()
 
     def context_window(self, model: str) -> int | None:
         return self.catalog.context_window(model)

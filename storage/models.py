@@ -365,6 +365,38 @@ class Erasure(Base):
     erased_at: Mapped[datetime]
 
 
+class StoredResponse(Base):
+    """A Responses API response as its client got it, kept by memproxy for upstreams that keep
+    no state (translated ones): what `previous_response_id`, `GET`/`DELETE /v1/responses/{id}`
+    and `/input_items` are served from. `input_items` are the request's own input items, each
+    with the id it was given. A response created with `store: false` is kept for the record but
+    is never found by id. Goes with its user (erasure), its conversation (deleted with it) and
+    its age (retention, as its exchange)."""
+
+    __tablename__ = "responses"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    id: Mapped[str] = mapped_column(String(64))  # the public id (resp_...), unique per tenant
+    user_id: Mapped[str] = mapped_column(String(256))
+    conversation_id: Mapped[str | None] = mapped_column(String(128))
+    request_id: Mapped[str] = mapped_column(String(64))  # the exchange's
+    model: Mapped[str] = mapped_column(String(256))
+    previous_response_id: Mapped[str | None] = mapped_column(String(64))
+    store: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16))
+    response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    input_items: Mapped[list[Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "id", name="uq_responses_tenant_id"),
+        Index("ix_responses_tenant_user", "tenant_id", "user_id"),
+        Index("ix_responses_tenant_conversation", "tenant_id", "conversation_id"),
+        Index("ix_responses_tenant_created", "tenant_id", "created_at"),  # (retention)
+    )
+
+
 # Core handles on the tables, for the repositories' SQL expressions.
 CONVERSATIONS = cast(Table, Conversation.__table__)
 MESSAGES = cast(Table, Message.__table__)
@@ -377,3 +409,4 @@ ATTACHMENT_CHUNKS = cast(Table, AttachmentChunk.__table__)
 SUMMARIES = cast(Table, Summary.__table__)
 MESSAGE_VECTORS = cast(Table, MessageVector.__table__)
 ERASURES = cast(Table, Erasure.__table__)
+RESPONSES = cast(Table, StoredResponse.__table__)

@@ -232,3 +232,30 @@ class SummaryRecord:
     hits: int
     created_at: datetime
     used_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRecord:
+    """A stored Responses API response (storage/models.py's StoredResponse): what is saved
+    and what is read back."""
+
+    tenant_id: str
+    id: str
+    user_id: str
+    conversation_id: str | None
+    request_id: str
+    model: str
+    previous_response_id: str | None
+    store: bool
+    status: str
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ItemPage:
+    """A page of a stored response's input items, in the order asked for."""
+
+    items: list[dict[str, Any]]
+    has_more: bool

@@ -7,8 +7,10 @@
 - **Retention** (`retention_days` per tenant, from the first interval on, not at start-up):
   conversations idle that long are deleted with everything made of them (each row locked and
   its idleness checked again, so a turn stored meanwhile keeps its conversation), and so are
-  exchange records as old and memories neither pinned, changed nor used since. In small
-  transactions, so one pass never holds the database for long.
+  exchange records as old with the Responses API responses stored for them (by their own
+  age: a response is saved as its exchange ends, so it goes on the same pass or the next)
+  and memories neither pinned, changed nor used since. In small transactions, so one pass
+  never holds the database for long.
 
 Every replica runs it: each step is idempotent, and two replicas doing it at once delete the
 same rows once.
@@ -33,6 +35,7 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.responses import Responses
 from storage.repositories.system import SystemRepository
 
 log = structlog.get_logger("memproxy.maintenance")
@@ -103,7 +106,7 @@ class Maintenance:
 
     async def retain(self, tenant_id: str, cutoff: datetime) -> dict[str, int]:
         """Delete what the tenant keeps no longer than `cutoff`."""
-        deleted = {"conversations": 0, "exchanges": 0, "memories": 0, "jobs": 0}
+        deleted = {"conversations": 0, "exchanges": 0, "responses": 0, "memories": 0, "jobs": 0}
         # A conversation at a time (its row locked, idleness checked again), a few per
         # transaction; records and memories a batch at a time: between transactions the
         # requests' own writes go ahead.
@@ -126,13 +129,21 @@ class Maintenance:
         def old_records(conn: Connection) -> int:
             return Exchanges(conn).delete_before(tenant_id, cutoff, limit=ROWS)
 
+        def old_responses(conn: Connection) -> int:
+            return Responses(conn).delete_before(tenant_id, cutoff, limit=ROWS)
+
         def unused_memories(conn: Connection) -> int:
             return Memories(conn).delete_unused_since(tenant_id, cutoff, limit=ROWS)
 
         def ended_jobs(conn: Connection) -> int:
             return Jobs(conn).delete_finished_before(tenant_id, cutoff, limit=ROWS)
 
-        steps = (("exchanges", old_records), ("memories", unused_memories), ("jobs", ended_jobs))
+        steps = (
+            ("exchanges", old_records),
+            ("responses", old_responses),
+            ("memories", unused_memories),
+            ("jobs", ended_jobs),
+        )
         for kind, step in steps:
             while (count := await self.db.write(step)) > 0:
                 deleted[kind] += count

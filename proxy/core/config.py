@@ -33,6 +33,7 @@ from sqlalchemy.exc import ArgumentError
 from policies.intent_labels import DEFAULT_LABELS, OTHER
 
 Scope = Literal["chat", "manage"]
+ResponsesMode = Literal["native", "translate"]
 ALL_SCOPES: frozenset[Scope] = frozenset({"chat", "manage"})
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -195,6 +196,26 @@ class UpstreamConfig(_Strict):
     # only for an OpenAI-compatible server that rejects the option; streams then get counted
     # with tiktoken (marked estimated).
     stream_usage: bool = True
+    # How `/v1/responses` is served: `native` forwards it to the upstream's own Responses API
+    # (which keeps the responses); `translate` maps it to chat completions, and memproxy keeps
+    # the responses itself (GET/DELETE /v1/responses/{id}, input_items, previous_response_id).
+    # null: native for `openai`, translate for `litellm` and `echo` (`responses_mode()`).
+    responses: ResponsesMode | None = None
+
+    def responses_mode(self) -> ResponsesMode:
+        """How this upstream serves the Responses API, its default resolved."""
+        if self.responses is not None:
+            return self.responses
+        return "native" if self.kind == "openai" else "translate"
+
+    @model_validator(mode="after")
+    def _native_needs_openai(self) -> UpstreamConfig:
+        if self.responses == "native" and self.kind != "openai":
+            raise ValueError(
+                f"responses: native needs an openai-kind upstream ({self.kind} has no "
+                "Responses API of its own); use translate"
+            )
+        return self
 
     @field_validator("base_url")
     @classmethod

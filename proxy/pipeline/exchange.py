@@ -253,7 +253,7 @@ class TurnExchange:
             upstream_ms=upstream_ms,
             overhead_ms=(now - info.started) * 1000 - upstream_ms,
             attached=self.attached,
-            native=whole.native if ok else None,
+            keep=self._keep(whole.native) if ok else None,
         )
 
     async def _settle_stream(self, end: StreamEnd) -> None:
@@ -276,9 +276,19 @@ class TurnExchange:
             upstream_ms=self.req.info.upstream_ms,
             overhead_ms=self.overhead_ms,
             attached=self.attached,
-            native=end.native,
+            keep=self._keep(end.native),
         )
         await self.settle(outcome)
+
+    def _keep(self, native: dict[str, Any] | None) -> Any:
+        """The protocol's object for the reply, to keep with it (not for a turn stored in a
+        batch, mode off)."""
+        turn = self.loaded.turn
+        if native is None or turn is None or turn.pending is not None:
+            return None
+        return self.wire.keep(
+            native, tenant_id=turn.tenant_id, user_id=turn.user_id, request_id=self.req.request_id
+        )
 
     async def settle(self, outcome: Outcome) -> None:
         """Count the exchange (metrics, the tenant's limits) and record it, once."""

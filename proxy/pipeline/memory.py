@@ -202,6 +202,14 @@ class ConversationMemory:
         count = await TokenCounter(turn.model).prepare([outcome.reply] if outcome.reply else [])
         await self.in_time(
             self.db.write(
-                partial(finish_in, turn, outcome.status, outcome.reply, outcome.fields(), count)
+                partial(
+                    finish_in,
+                    turn,
+                    outcome.status,
+                    outcome.reply,
+                    outcome.fields(),
+                    count,
+                    keep=outcome.keep,
+                )
             )
         )

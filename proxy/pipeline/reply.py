@@ -3,6 +3,7 @@ transaction: the live path's and the spill's replay's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -15,11 +16,12 @@ from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.core.requests import reply_problem
 from proxy.pipeline.turn import Outcome, TokenCounter, Turn, now
 from storage.errors import StaleConversation
-from storage.records import ConversationRecord, NewMessage
+from storage.records import ConversationRecord, NewMessage, ResponseRecord
 from storage.repositories.conversations import SUPERSEDED, Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
+from storage.repositories.responses import Responses
 
 # A reply's status when the upstream's message is not one a client could send back.
 MALFORMED = "malformed"
@@ -52,6 +54,7 @@ def finish_in(
     conn: Connection,
     *,
     replied_at: datetime | None = None,
+    keep: ResponseRecord | None = None,
 ) -> None:
     """`finish()`'s work inside the caller's transaction (also the spill's replay): `status`
     and `reply` are the outcome's, `fields` the exchange record's columns for it;
@@ -109,6 +112,8 @@ def finish_in(
         # Nothing stored now: work is queued for the conversation only if it is still there
         # (not deleted, or its user erased, while the upstream answered).
         conv = Conversations(conn).still(turn.tenant_id, conv.id, conv.pk, conv.user_id)
+    if keep is not None:  # (the protocol's object for the reply: a Responses API response)
+        Responses(conn).save(replace(keep, conversation_id=conv.id if conv else None))
     if turn.pending is not None:  # nothing was written for it yet
         Exchanges(conn).insert_finished([turn.pending.row() | fields])
     else:

@@ -16,7 +16,7 @@ from policies.context import StoredTurn
 from policies.intent import Intent
 from policies.tokens import count_message, message_text
 from proxy.accounting.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
-from storage.records import ConversationRecord, NewExchange
+from storage.records import ConversationRecord, NewExchange, ResponseRecord
 
 log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
@@ -86,9 +86,9 @@ class Outcome:
     # The proxy's own time: before forwarding, and (non-stream) after the upstream answered.
     overhead_ms: float | None = None
     attached: dict[str, Any] = field(default_factory=dict)
-    # The protocol's own object for the reply, when the proxy keeps it (a Responses
-    # `response`, served later by id): not a column of the exchange record.
-    native: dict[str, Any] | None = None
+    # The protocol's own object for the reply, kept with it (a Responses API response, served
+    # by id and continued with `previous_response_id`): not a column of the exchange record.
+    keep: ResponseRecord | None = None
 
     def fields(self) -> dict[str, Any]:
         """The exchange record's columns for this outcome."""

@@ -120,4 +120,10 @@ class WireProtocol(Protocol):
 
     def stream_reader(self) -> StreamReader: ...
 
+    def keep(
+        self, native: dict[str, Any] | None, *, tenant_id: str, user_id: str, request_id: str
+    ) -> Any:
+        """What to store with the reply of the protocol's own (a `ResponseRecord`), or None."""
+        ...
+
     def whole(self, reply: UpstreamReply) -> WholeReply: ...

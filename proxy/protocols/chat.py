@@ -80,7 +80,10 @@ class ChatCompletions:
             model=body["model"],
             messages=body["messages"],
             stream=body.get("stream") is True,
-            user_fields=[("user", body.get("user"))],
+            user_fields=[
+                ("safety_identifier", body.get("safety_identifier")),
+                ("user", body.get("user")),
+            ],
             reserve_tokens=_reserve(body),
             # memproxy's own extension: never forwarded, in any mode.
             attachments=body.pop("attachments", None),
@@ -109,6 +112,11 @@ class ChatCompletions:
             return body
         self.drop_usage_chunk = True
         return {**body, "stream_options": {**options, "include_usage": True}}
+
+    def keep(
+        self, native: dict[str, Any] | None, *, tenant_id: str, user_id: str, request_id: str
+    ) -> None:
+        return None  # (a chat completion is not kept apart from its messages)
 
     def stream_reader(self) -> ChatReader:
         return ChatReader(drop_usage_chunk=self.drop_usage_chunk)

@@ -148,7 +148,7 @@ class Conversation(Struct, kw_only=True):
     metadata: dict[str, Any] | None
 
 
-class Message(Struct, kw_only=True):
+class StoredMessage(Struct, kw_only=True):
     id: str
     object: Literal["memory.message"]
     conversation_id: str
@@ -222,7 +222,7 @@ class ConversationList(_Page, kw_only=True):
 
 
 class MessageList(_Page, kw_only=True):
-    data: list[Message]
+    data: list[StoredMessage]
 
 
 class MemoryList(_Page, kw_only=True):
@@ -250,7 +250,7 @@ class UserDeleted(Struct, kw_only=True):
 
 
 class ExportedConversation(Conversation, kw_only=True):
-    messages: list[Message]
+    messages: list[StoredMessage]
     attachments: list[Attachment]
 
 

@@ -1,6 +1,7 @@
 """`GET /v1/memory/users/{user_id}/export`: everything memproxy stores for one user of the
 tenant, read in one consistent snapshot: conversations with their messages and attachments
-(with their text), memories, exchange records, summaries and background jobs. Vectors are
+(with their text), memories, exchange records, Responses API responses memproxy stored (with
+their input items), summaries and background jobs. Vectors are
 derived from the messages and are counted, not dumped.
 
 The answer is one JSON document. It is written page by page as the pages are read (each page
@@ -32,6 +33,7 @@ from sqlalchemy import Connection
 from proxy.core.auth import Principal
 from proxy.core.user_paths import user_in_path
 from proxy.pipeline.turn import now
+from proxy.protocols.responses.stored import stored_response_object
 from proxy.routes.api_types import UserExportDocument
 from proxy.routes.attachments import attachment_object
 from proxy.routes.jobs import job_object
@@ -48,6 +50,7 @@ from storage.records import (
     JobRecord,
     MemoryRecord,
     MessageRecord,
+    ResponseRecord,
     SummaryRecord,
 )
 from storage.repositories.attachments import Attachments
@@ -55,6 +58,7 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
 
@@ -117,6 +121,7 @@ class UserExport:
         sections = [
             ("memories", self._memories, memory_object),
             ("exchanges", self._exchanges, exchange_object),
+            ("responses", self._responses, stored_response_object),
             ("summaries", self._summaries, summary_object),
             ("jobs", self._jobs, job_object),
         ]
@@ -180,6 +185,9 @@ class UserExport:
 
     def _exchanges(self, last: ExchangeRecord | None, conn: Connection) -> list[ExchangeRecord]:
         return Exchanges(conn).for_user(self.tenant, self.user, limit=self.page, after=last)
+
+    def _responses(self, last: ResponseRecord | None, conn: Connection) -> list[ResponseRecord]:
+        return Responses(conn).for_user(self.tenant, self.user, limit=self.page, after=last)
 
     def _summaries(self, last: SummaryRecord | None, conn: Connection) -> list[SummaryRecord]:
         after = last.pk if last else None

@@ -44,6 +44,7 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.system import SystemRepository
 from storage.repositories.vectors import MessageVectors
@@ -424,6 +425,7 @@ def erase_user(conn: Connection, tenant_id: str, user_id: str) -> dict[str, int]
         **counts,
         "attachments": attachments,
         "memories": Memories(conn).delete_user(tenant_id, user_id),
+        "responses": Responses(conn).delete_user(tenant_id, user_id),
         "jobs": jobs,
         "summaries": Summaries(conn).delete_user(tenant_id, user_id),
         "vectors": vectors,

@@ -17,10 +17,9 @@ from proxy.core.access import ClientWatch, request_info
 from proxy.core.auth import Principal
 from proxy.core.errors import NotFound
 from proxy.core.json_responses import json_response
-from proxy.core.requests import check_chat_request, check_responses_request, parse_json_object
+from proxy.core.requests import check_chat_request, parse_json_object
 from proxy.protocols.chat import chat_completion
 from proxy.protocols.relay import to_response
-from proxy.protocols.responses.turn import create_response_turn
 from proxy.routes.reference import CHAT_HEADERS, api, json_body, openai_response, ref
 from proxy.state import AppState
 from proxy.upstream.base import model_list
@@ -66,48 +65,6 @@ async def chat_completions(
     watch = ClientWatch(request.receive)
     try:
         return await chat_completion(request, principal, services, body)
-    finally:
-        watch.end(info)
-
-
-RESPONSES_BODY = json_body(
-    Schema(all_of=[ref("CreateResponse"), ref("ChatCompletionExtensions")]),
-    "OpenAI's Responses API request; fields memproxy does not know pass through unchanged.",
-)
-
-
-@post(
-    "/v1/responses",
-    status_code=200,
-    summary="Create response",
-    **api(
-        "chat",
-        body=RESPONSES_BODY,
-        headers=CHAT_HEADERS,
-        ok_response=openai_response(
-            "Response",
-            "The response, or with `stream: true` its events as server-sent events.",
-            stream="ResponseStreamEvent",
-        ),
-    ),
-)
-async def create_response(
-    request: Request[Any, Any, Any],
-    principal: NamedDependency[Principal],
-    services: NamedDependency[AppState],
-) -> Response[Any]:
-    body = parse_json_object(await request.body())
-    check_responses_request(body)
-    info = request_info(request.scope)
-    model: str = body["model"]
-    info.model = model
-    info.stream = body.get("stream") is True
-    check_model(principal, model)
-    if info.stream:  # (a stream notices its client leaving as it relays)
-        return await create_response_turn(request, principal, services, body)
-    watch = ClientWatch(request.receive)
-    try:
-        return await create_response_turn(request, principal, services, body)
     finally:
         watch.end(info)
 
@@ -192,7 +149,15 @@ async def passthrough(
     services: NamedDependency[AppState],
     path: FromPath[str],
 ) -> Response[Any]:
-    """Any other OpenAI endpoint (embeddings, files, audio, responses...), unchanged, no memory."""
+    """Any other OpenAI endpoint (embeddings, files, audio...), unchanged, no memory."""
+    return await forward(request, principal, services, path)
+
+
+async def forward(
+    request: Request[Any, Any, Any], principal: Principal, services: AppState, path: str
+) -> Response[Any]:
+    """The request sent on to the tenant's upstream unchanged (`path`: after /v1, decoded),
+    without memory: the model allow-list applies, and it counts toward the tenant's limits."""
     check_passthrough_path(request.method, path)
     body = await request.body()
     if principal.tenant.models is not None:  # (a model named elsewhere than the body, as in

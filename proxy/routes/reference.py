@@ -107,6 +107,11 @@ QUERY: dict[str, Parameter] = {
         ),
         _query("after", "The next page: the `last_id` of the page before.", _STRING),
         _query(
+            "order",
+            "Oldest first (asc) or newest first (desc, the default).",
+            Schema(type=OpenAPIType.STRING, enum=["asc", "desc"]),
+        ),
+        _query(
             "pinned",
             "Only pinned (true) or unpinned (false) ones.",
             Schema(type=OpenAPIType.BOOLEAN),

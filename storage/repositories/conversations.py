@@ -14,6 +14,7 @@ from storage.errors import ConflictError, StaleConversation
 from storage.models import CONVERSATIONS, EXCHANGES, MESSAGES
 from storage.records import ConversationRecord, MessageRecord, NewMessage
 from storage.repositories.attachments import Attachments
+from storage.repositories.responses import Responses
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import MessageSearch, scope_token, searchable_text
 from storage.repositories.summaries import Summaries
@@ -369,8 +370,9 @@ class Conversations:
         return self.get(tenant_id, conversation_id)
 
     def delete(self, tenant_id: str, conversation_id: str) -> bool:
-        """Delete a conversation, its messages, attachments and the summaries made of them
-        (its history's, its documents' and tool results'); its exchanges keep their figures."""
+        """Delete a conversation, its messages, attachments, the summaries made of them (its
+        history's, its documents' and tool results') and the Responses API responses stored in
+        it; its exchanges keep their figures."""
         # Locked first: a job or turn writing for it finishes before (and is deleted with it)
         # or after (and finds it gone), never in between the statements below.
         found = self.get(tenant_id, conversation_id, for_update=True)
@@ -379,6 +381,7 @@ class Conversations:
         MessageVectors(self.conn).delete_conversation(tenant_id, found.pk)
         Summaries(self.conn).delete_subjects(tenant_id, found.user_id, [conversation_id])
         Attachments(self.conn).delete_conversation(tenant_id, found.pk)  # (theirs too)
+        Responses(self.conn).delete_conversation(tenant_id, conversation_id)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )

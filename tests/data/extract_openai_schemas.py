@@ -28,6 +28,7 @@ ROOTS = (
     "Response",
     "ResponseStreamEvent",
     "ResponseItemList",
+    "TokenCountsResource",
 )
 REFERENCE_ROOTS = (
     "CreateChatCompletionRequest",
@@ -37,6 +38,11 @@ REFERENCE_ROOTS = (
     "CreateResponse",
     "Response",
     "ResponseStreamEvent",
+    "ResponseItemList",
+    "TokenCountsBody",
+    "TokenCountsResource",
+    "CompactResponseMethodPublicBody",
+    "CompactResource",
 )
 # Keys that only document a schema; none of them changes what validates.
 _DOC_KEYS = frozenset({"description", "example", "examples", "x-oaiMeta", "x-oaiTypeLabel"})

@@ -1,6 +1,7 @@
 """`GET /v1/memory/users/{id}/export` through the real server: everything stored for the user
-(conversations with messages and attachments, memories, exchange records, jobs), nothing of
-other users or tenants, management scope only, and nothing left after the user is erased."""
+(conversations with messages and attachments, memories, exchange records, stored Responses API
+responses, jobs), nothing of other users or tenants, management scope only, and nothing left
+after the user is erased."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import socket
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,12 @@ from sqlalchemy import Connection, inspect, text
 
 from proxy.app import create_app
 from proxy.core.config import Config, ServerConfig, UpstreamConfig
+from proxy.protocols.responses.stored import stored_response_object
 from storage.database import Database
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.jobs import Jobs
+from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors, NewVector
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY, make_config
@@ -34,6 +38,7 @@ from tests.fakes.openai_upstream import FakeOpenAI
 from tests.fakes.server import ServerThread
 from tests.polling import eventually
 from tests.postgres import start_server
+from tests.storage.test_responses import response as stored_response
 
 
 @pytest.fixture
@@ -206,6 +211,10 @@ async def seed_everything(base: str, database_url: str, api: httpx.AsyncClient) 
         for n in range(3)
     ]
     later = datetime.now(UTC) + timedelta(days=1)  # (queued, not due: the jobs stay as they are)
+    responses = [
+        stored_response(f"resp_{user}_{n}", user=user, items=2, conversation="trip")
+        for user, n in [("alice", 0), ("alice", 1), ("alice", 2), ("bob", 0)]
+    ]
 
     def work(conn: Connection) -> int:
         at = datetime.fromtimestamp(int(datetime.now(UTC).timestamp()), UTC)
@@ -215,6 +224,12 @@ async def seed_everything(base: str, database_url: str, api: httpx.AsyncClient) 
         for n in range(3):
             Jobs(conn).enqueue("t1", "alice", "memory.extract", f"ref {n}", now=later)
         Jobs(conn).enqueue("t1", "bob", "memory.extract", "bob's", now=later)
+        for n, record in enumerate(responses):
+            Responses(conn).save(
+                replace(record, created_at=at + timedelta(seconds=n))
+                if record.user_id == "alice"
+                else record
+            )
         trip = Conversations(conn).get("t1", "trip")
         assert trip is not None
         messages = Conversations(conn).messages("t1", trip.pk)
@@ -226,7 +241,12 @@ async def seed_everything(base: str, database_url: str, api: httpx.AsyncClient) 
         vectors = await db.write(work)
     finally:
         await db.dispose()
-    return {"request_ids": request_ids, "summaries": summaries, "vectors": vectors}
+    return {
+        "request_ids": request_ids,
+        "summaries": summaries,
+        "vectors": vectors,
+        "responses": [stored_response_object(r) for r in responses if r.user_id == "alice"],
+    }
 
 
 async def listed(api: httpx.AsyncClient, path: str, **params: str) -> list[dict[str, Any]]:
@@ -278,6 +298,7 @@ async def test_the_export_streams_the_same_document_page_by_page(
         "conversations",
         "memories",
         "exchanges",
+        "responses",
         "summaries",
         "jobs",
         "vectors",
@@ -292,6 +313,12 @@ async def test_the_export_streams_the_same_document_page_by_page(
         f"Packing list {n}: boots." for n in range(3)
     ]
     assert data["summaries"] == seeds["summaries"]
+    # Oldest first, each whole: the response as its client got it and its input items.
+    assert [r["id"] for r in data["responses"]] == ["resp_alice_0", "resp_alice_1", "resp_alice_2"]
+    assert [r["input_items"] for r in data["responses"]] == [
+        r["input_items"] for r in seeds["responses"]
+    ]
+    assert all(r["object"] == "memory.response" and r["response"] for r in data["responses"])
     assert data["vectors"] == seeds["vectors"] == 5
     assert "bob" not in str(data)
 

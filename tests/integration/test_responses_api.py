@@ -74,6 +74,13 @@ async def echo(serve_proxy: ServeProxy) -> AsyncIterator[openai.AsyncOpenAI]:
         yield client
 
 
+def text_of(content: Any) -> str:
+    """A chat message's text, whether a string or text parts."""
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content)
+
+
 # --- native -------------------------------------------------------------------------------------
 
 
@@ -229,3 +236,89 @@ async def test_a_malformed_body_is_a_400_in_openais_shape(serve_proxy: ServeProx
         response = await http.post(url + "/responses", content=b'{"model": "m", "input": ')
     assert response.status_code == 400
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# --- state ---------------------------------------------------------------------------------------
+
+
+async def test_a_chain_of_three_by_translation_is_served_from_memproxys_store(
+    translated: tuple[FakeOpenAI, openai.AsyncOpenAI],
+) -> None:
+    app, client = translated
+    first = await client.responses.with_raw_response.create(
+        model="gpt-4o-mini", instructions="Be brief.", input="one", extra_headers=ALICE
+    )
+    one = first.parse()
+    two = await client.responses.create(
+        model="gpt-4o-mini", previous_response_id=one.id, input="two", extra_headers=ALICE
+    )
+    three = await client.responses.with_raw_response.create(
+        model="gpt-4o-mini", previous_response_id=two.id, input="three", extra_headers=ALICE
+    )
+    # The upstream saw the whole chain, as OpenAI would have kept it (the first request's
+    # instructions are not carried over), and the turns are one conversation.
+    sent = app.requests[-1].json()["messages"]
+    assert [(m["role"], text_of(m["content"])) for m in sent] == [
+        ("user", "one"),
+        ("assistant", "fake reply to: one"),
+        ("user", "two"),
+        ("assistant", "fake reply to: two"),
+        ("user", "three"),
+    ]
+    conversation = first.http_response.headers["x-memory-conversation-id"]
+    assert three.http_response.headers["x-memory-conversation-id"] == conversation
+    assert three.http_response.headers["x-memory-history-messages"] == "0"
+    kept = await client.responses.retrieve(three.parse().id, extra_headers=ALICE)
+    assert kept.previous_response_id == two.id and kept.output_text == "fake reply to: three"
+    items = await client.responses.input_items.list(one.id, extra_headers=ALICE)
+    assert [i.type for i in items.data] == ["message"]
+
+
+async def test_an_unknown_or_unstored_previous_response_is_a_400(
+    echo: openai.AsyncOpenAI,
+) -> None:
+    hidden = await echo.responses.create(
+        model="gpt-4o-mini", input="not kept", store=False, extra_headers=ALICE
+    )
+    for previous in ("resp_unknown", hidden.id):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await echo.responses.create(
+                model="gpt-4o-mini", previous_response_id=previous, input="x", extra_headers=ALICE
+            )
+        assert caught.value.param == "previous_response_id"
+    with pytest.raises(openai.NotFoundError):
+        await echo.responses.retrieve(hidden.id, extra_headers=ALICE)
+
+
+async def test_another_users_response_cannot_be_continued(echo: openai.AsyncOpenAI) -> None:
+    mine = await echo.responses.create(model="gpt-4o-mini", input="mine", extra_headers=ALICE)
+    with pytest.raises(openai.BadRequestError):
+        await echo.responses.create(
+            model="gpt-4o-mini",
+            previous_response_id=mine.id,
+            input="yours?",
+            extra_headers={"X-Memory-User-Id": "mallory"},
+        )
+
+
+async def test_a_native_chain_is_the_upstreams_and_the_proxy_sends_no_history_again(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    app, client = native
+    first = await client.responses.with_raw_response.create(
+        model="gpt-4o", input="My badge number is 9981.", extra_headers=ALICE
+    )
+    one = first.parse()
+    second = await client.responses.with_raw_response.create(
+        model="gpt-4o", previous_response_id=one.id, input="And my desk?", extra_headers=ALICE
+    )
+    sent = app.responses_requests[-1]
+    assert sent["previous_response_id"] == one.id
+    assert sent["input"] == "And my desk?"
+    assert "instructions" not in sent  # (nothing recalled: the chain holds the first turn)
+    headers = second.http_response.headers
+    assert (
+        headers["x-memory-conversation-id"]
+        == first.http_response.headers["x-memory-conversation-id"]
+    )
+    assert headers["x-memory-history-messages"] == "0"

@@ -904,14 +904,17 @@ async def test_a_passed_through_file_the_upstream_breaks_off_reaches_the_client_
 async def test_a_passed_through_event_stream_that_breaks_mid_event_ends_with_a_whole_error(
     proxy_url: str, fake: FakeOpenAI
 ) -> None:
-    """`/v1/responses` streamed, the upstream dying inside its second event: the client gets
-    the first event, then the error event, never half of the second glued to it."""
-    first, second = sse({"type": "response.created"}), sse({"type": "response.output_text"})
+    """A passed-through event stream (an Assistants run), the upstream dying inside its second
+    event: the client gets the first event, then the error event, never half of the second
+    glued to it."""
+    first, second = sse({"type": "thread.run.created"}), sse({"type": "thread.message.delta"})
     fake.script.append(Reply(chunks=[first, second[:12], second[12:]], die_after=2))
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
-        response = await http.post(proxy_url + "/responses", json={"stream": True})
+        response = await http.post(
+            proxy_url + "/threads/runs", json={"assistant_id": "asst_1", "stream": True}
+        )
     events = sse_data(response.text)
-    assert [json.loads(e).get("type") for e in events[:1]] == ["response.created"]
+    assert [json.loads(e).get("type") for e in events[:1]] == ["thread.run.created"]
     assert len(events) == 2 and json.loads(events[1])["error"]["code"] == "upstream_unreachable"
 
 

@@ -1,8 +1,9 @@
 """Each replica's upkeep on both databases: retention deletes what a tenant keeps no longer
-(idle conversations with everything made of them, old exchange records, memories nobody pinned,
-changed or used, jobs that ended long ago) and nothing of other tenants or newer; the sweeper
-marks exchanges a dead process left `in_progress` as `incomplete`, all of them at start-up on
-SQLite, only stale ones on PostgreSQL, where other replicas are serving theirs."""
+(idle conversations with everything made of them, old exchange records and Responses API
+responses, memories nobody pinned, changed or used, jobs that ended long ago) and nothing of
+other tenants or newer; the sweeper marks exchanges a dead process left `in_progress` as
+`incomplete`, all of them at start-up on SQLite, only stale ones on PostgreSQL, where other
+replicas are serving theirs."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.system import SystemRepository
 from tests.storage.test_repositories import T0, at, chained, exchange, new_conversation
+from tests.storage.test_responses import response
 
 CONFIG = Config(
     tenants={
@@ -80,6 +83,14 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
             exchanges.finish("t1", request_id, status="complete")
         exchanges.start(exchange("req_running", started=T0))  # left in progress
         exchanges.start(exchange("req_other", tenant="t2", started=T0))
+        responses = Responses(conn)
+        for response_id, conversation, created in (
+            ("resp_old", "new", T0),
+            ("resp_new", "new", at(1000)),
+            ("resp_in_old_conversation", "old", at(1000)),  # (goes with its conversation)
+        ):
+            responses.save(response(response_id, conversation=conversation, when=created))
+        responses.save(response("resp_other", tenant="t2", conversation="old", when=T0))
         memories = Memories(conn)
         memories.create("t1", "alice", "mem_old", "likes tea", now=T0)
         memories.create("t1", "alice", "mem_pinned", "is vegan", now=T0, pinned=True)
@@ -101,7 +112,13 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
 
     await db.write(seed)
     deleted = await Maintenance(db, CONFIG).retain("t1", at(500))
-    assert deleted == {"conversations": 1, "exchanges": 1, "memories": 1, "jobs": 2}
+    assert deleted == {
+        "conversations": 1,
+        "exchanges": 1,
+        "responses": 1,
+        "memories": 1,
+        "jobs": 2,
+    }
 
     def left(conn: Connection) -> dict[str, object]:
         return {
@@ -113,6 +130,8 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
                 if Exchanges(conn).get("t1", e) is not None
             ],
             "t2 exchange": Exchanges(conn).get("t2", "req_other") is not None,
+            "responses": [r.id for r in Responses(conn).for_user("t1", "alice", limit=10)],
+            "t2 response": Responses(conn).get("t2", "resp_other") is not None,
             "memories": sorted(m.id for m in Memories(conn).find("t1", "alice", limit=10)),
             "t2 memory": Memories(conn).get("t2", "mem_other") is not None,
             "summaries": sorted(
@@ -130,6 +149,8 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
         "t2": ["old"],
         "exchanges": ["req_new", "req_running"],
         "t2 exchange": True,
+        "responses": ["resp_new"],
+        "t2 response": True,
         "memories": ["mem_new", "mem_pinned", "mem_used"],
         "t2 memory": True,
         "summaries": ["n"],
@@ -142,6 +163,7 @@ async def test_retention_deletes_what_the_tenant_keeps_no_longer_and_nothing_els
     assert await Maintenance(db, CONFIG).retain("t1", at(500)) == {
         "conversations": 0,
         "exchanges": 0,
+        "responses": 0,
         "memories": 0,
         "jobs": 0,
     }
@@ -197,6 +219,7 @@ async def test_a_conversation_used_again_after_it_was_found_idle_is_kept(db: Dat
     assert await Maintenance(db, CONFIG).retain("t1", at(500)) == {
         "conversations": 1,  # "other" only
         "exchanges": 0,
+        "responses": 0,
         "memories": 0,
         "jobs": 0,
     }

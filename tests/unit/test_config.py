@@ -305,3 +305,35 @@ def test_an_upstream_url_without_scheme_or_host_is_an_error_at_start(
     )
     with pytest.raises(ConfigError, match=r"^upstreams\.o\.base_url: .*http:// or https://"):
         load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("upstream", "mode"),
+    [
+        ("{kind: openai, base_url: 'http://h/v1', api_key: x}", "native"),
+        ("{kind: openai, base_url: 'http://h/v1', api_key: x, responses: translate}", "translate"),
+        ("{kind: litellm}", "translate"),
+        ("{kind: echo}", "translate"),
+        ("{kind: echo, responses: translate}", "translate"),
+    ],
+)
+def test_an_upstream_serves_responses_natively_only_when_it_is_openai_kind(
+    tmp_path: Path, upstream: str, mode: str
+) -> None:
+    """Unset: native for `openai`, which keeps its responses; translated through chat
+    completions (memproxy keeping the responses) for the others, or when a config says so."""
+    text = f"upstreams:\n  u: {upstream}\ntenants:\n  a: {{api_keys: [k], upstream: u}}\n"
+    path = write(tmp_path, text)
+    assert load_config(path, environ={}).upstreams["u"].responses_mode() == mode
+
+
+@pytest.mark.parametrize("kind", ["echo", "litellm"])
+def test_native_responses_on_an_upstream_without_them_is_an_error_naming_the_key(
+    tmp_path: Path, kind: str
+) -> None:
+    path = write(tmp_path, f"upstreams:\n  u: {{kind: {kind}, responses: native}}\n")
+    with pytest.raises(ConfigError, match=r"^upstreams\.u: .*responses: native needs an openai"):
+        load_config(path, environ={})
+    bad = write(tmp_path, "upstreams:\n  u: {kind: echo, responses: stateful}\n", "bad.yaml")
+    with pytest.raises(ConfigError, match=r"^upstreams\.u\.responses: "):
+        load_config(bad, environ={})

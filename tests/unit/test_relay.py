@@ -10,10 +10,12 @@ from typing import Any
 import httpx
 from litestar import Request
 
+from proxy.core.errors import ProxyError, sse_error_event
 from proxy.protocols import relay
 from proxy.protocols.relay import to_response
 from proxy.upstream.base import UpstreamReply
 from proxy.upstream.openai import ResponseChunks
+from proxy.upstream.sse import DONE
 from tests.polling import eventually
 
 
@@ -34,8 +36,16 @@ class Chunks:
 
 
 class Observer:
+    """A chat stream's observer: it ends at `data: [DONE]`, and a break ends it with OpenAI's
+    error event."""
+
+    end_markers = (DONE,)
+
     def __init__(self) -> None:
         self.events: list[str] = []
+
+    def failed(self, error: ProxyError) -> bytes:
+        return sse_error_event(error)
 
     def feed(self, chunk: bytes) -> bytes:
         return chunk

@@ -16,9 +16,9 @@ Two ways to the upstream:
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -29,9 +29,11 @@ from proxy.protocols.responses.chat_stream import ChatToResponsesStream, encode_
 from proxy.protocols.responses.from_chat import response_from_chat
 from proxy.protocols.responses.items import ParsedInput, messages_to_items, parse_input
 from proxy.protocols.responses.observe import ResponsesAssembler, observe_body
+from proxy.protocols.responses.stored import new_response_id, response_record
 from proxy.protocols.responses.to_chat import chat_request
 from proxy.upstream.base import Upstream, UpstreamReply
 from proxy.upstream.sse import ReplyAssembler, error_text, event_data, reply_from_completion
+from storage.records import ResponseRecord
 
 # A Responses stream ends with one of these events: held back until the exchange is stored.
 END_MARKERS = (
@@ -39,10 +41,6 @@ END_MARKERS = (
     b"event: response.incomplete",
     b"event: response.failed",
 )
-
-
-def new_response_id() -> str:
-    return "resp_" + secrets.token_hex(24)
 
 
 class TranslatedReader:
@@ -158,6 +156,11 @@ class NativeReader:
         return encode_event(event)
 
 
+def user_fields(body: dict[str, Any]) -> list[tuple[str, object]]:
+    """The request's own fields that may name its user, most specific first."""
+    return [("safety_identifier", body.get("safety_identifier")), ("user", body.get("user"))]
+
+
 class ResponsesAPI:
     """One `POST /v1/responses` request's adapter."""
 
@@ -173,7 +176,9 @@ class ResponsesAPI:
         held_upstream: bool = False,
     ) -> None:
         """`history`: the messages of a `previous_response_id` chain memproxy keeps itself
-        (translate); `held_upstream`: the upstream keeps that chain (native)."""
+        (translate), sent before the request's own as the upstream would have kept them;
+        `held_upstream`: the upstream keeps that chain (native). Either way the pipeline sees
+        the request's own messages in a known conversation, and attaches no stored history."""
         self.body, self.translate = body, translate
         self.history = history or []
         self.conversation_id, self.held_upstream = conversation_id, held_upstream
@@ -182,16 +187,21 @@ class ResponsesAPI:
         # memproxy's own extension: never forwarded.
         self.attachments = body.pop("attachments", None)
         self.parsed: ParsedInput = parse_input(body)  # (a malformed item: 400, nothing stored)
-        self.messages = self._messages()
+        self.messages = self.parsed.messages
         if translate:  # (what translation cannot serve: 400 before anything is stored)
-            chat_request(body, self.messages)
+            chat_request(body, self.with_history(self.messages))
 
-    def _messages(self) -> list[dict[str, Any]]:
-        parsed = self.parsed.messages
+    def with_history(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` (the assembled turn) after the chain memproxy keeps, if any; the
+        request's `instructions` stay first."""
         if not self.history:
-            return parsed
-        head = 1 if self.parsed.origin[:1] == [None] else 0  # (instructions stay first)
-        return [*parsed[:head], *self.history, *parsed[head:]]
+            return messages
+        head = (
+            1
+            if messages[:1] and messages[0] is self.messages[0] and self.parsed.origin[:1] == [None]
+            else 0
+        )
+        return [*messages[:head], *self.history, *messages[head:]]
 
     def neutral(self) -> NeutralTurn:
         body = self.body
@@ -200,14 +210,11 @@ class ResponsesAPI:
             model=body["model"],
             messages=self.messages,
             stream=body.get("stream") is True,
-            user_fields=[
-                ("safety_identifier", body.get("safety_identifier")),
-                ("user", body.get("user")),
-            ],
+            user_fields=user_fields(body),
             reserve_tokens=limit if isinstance(limit, int) and limit > 0 else 0,
             attachments=self.attachments,
             conversation_id=self.conversation_id,
-            attach_history=not self.held_upstream,
+            attach_history=not (self.held_upstream or self.history),
         )
 
     async def call(
@@ -219,7 +226,7 @@ class ResponsesAPI:
     ) -> UpstreamReply:
         stream = self.body.get("stream") is True
         if self.translate:
-            request = chat_request(self.body, messages)
+            request = chat_request(self.body, self.with_history(messages))
             return await upstream.chat_completions(request.body, stream=stream, sent=sent)
         return await upstream.responses(self.native_body(messages), stream=stream, sent=sent)
 
@@ -251,6 +258,25 @@ class ResponsesAPI:
             own = self.body.get("instructions")
             body["instructions"] = "\n\n".join([*([own] if own else []), *context])
         return body
+
+    def keep(
+        self, native: dict[str, Any] | None, *, tenant_id: str, user_id: str, request_id: str
+    ) -> ResponseRecord | None:
+        """The response as the client got it, kept with the reply (its conversation filled in
+        as it is stored): served by id and continued by `previous_response_id` on a translated
+        upstream; on a native one, it says which conversation a response id continues."""
+        if native is None or not isinstance(native.get("id"), str):
+            return None
+        return response_record(
+            native,
+            self.body.get("input"),
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_id=None,
+            request_id=request_id,
+            store=self.body.get("store") is not False,
+            created_at=datetime.now(UTC),
+        )
 
     def stream_reader(self) -> TranslatedReader | NativeReader:
         if self.translate:

@@ -1,31 +1,49 @@
 """A `POST /v1/responses` turn: which way to the upstream (native or by translation), and what
-a `previous_response_id` or `conversation` names, before the turn pipeline takes over."""
+a `previous_response_id` or `conversation` continues, before the turn pipeline takes over.
+
+A `previous_response_id` names a response memproxy kept (storage/repositories/responses.py):
+on a translated upstream its whole chain is sent again, as the upstream would have kept it
+(each response's input items and output, in order; not earlier `instructions`, which the
+API does not carry over); on a native one the upstream keeps the chain, and memproxy only
+reads which conversation it continues. Either way the turn goes on in that conversation."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from litestar import Request, Response
+from sqlalchemy import Connection
 
 from proxy.core.auth import Principal
-from proxy.core.errors import BadRequest
+from proxy.core.errors import BadRequest, ServiceUnavailable
 from proxy.pipeline.exchange import answer_turn
-from proxy.pipeline.identify import CONVERSATION_ID
+from proxy.pipeline.identify import CONVERSATION_ID, identify
 from proxy.protocols.responses.adapter import ResponsesAPI
+from proxy.protocols.responses.items import output_to_messages, parse_input
 from proxy.state import AppState
+from storage.errors import BrokenChain, StorageError
+from storage.records import ResponseRecord
+from storage.repositories.responses import Responses
 
 
 async def create_response_turn(
     request: Request[Any, Any, Any], principal: Principal, services: AppState, body: dict[str, Any]
 ) -> Response[Any]:
-    upstream = services.upstream_for(principal)
-    translate = upstream.kind != "openai"
+    translate = services.responses_mode(principal) == "translate"
     conversation = _conversation(body, translate)
+    history: list[dict[str, Any]] = []
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str):
+        chain = await _chain(request, services, principal, body, previous, whole=translate)
+        conversation = conversation or (chain[-1].conversation_id if chain else None)
+        if translate:
+            history = _chain_messages(chain)
     wire = ResponsesAPI(
         body,
         translate=translate,
+        history=history,
         conversation_id=conversation,
-        held_upstream=not translate and body.get("previous_response_id") is not None,
+        held_upstream=not translate and isinstance(previous, str),
     )
     return await answer_turn(request, principal, services, wire, wire.neutral())
 
@@ -45,3 +63,65 @@ def _conversation(body: dict[str, Any], translate: bool) -> str | None:
     if translate:
         body.pop("conversation")
     return conversation
+
+
+async def _chain(
+    request: Request[Any, Any, Any],
+    services: AppState,
+    principal: Principal,
+    body: dict[str, Any],
+    previous: str,
+    *,
+    whole: bool,
+) -> list[ResponseRecord]:
+    """The stored responses `previous` continues, root first (`whole`), or `previous` alone:
+    of the tenant, and of the user the request names. A native upstream's response memproxy
+    did not keep continues no known conversation (the upstream still has it)."""
+    user = identify(
+        request, [("safety_identifier", body.get("safety_identifier")), ("user", body.get("user"))]
+    ).user_id
+    tenant = principal.tenant_id
+
+    def read(conn: Connection) -> list[ResponseRecord] | None:
+        if whole:
+            return Responses(conn).chain(tenant, previous, user)
+        found = Responses(conn).get(tenant, previous, user)
+        return [found] if found is not None else None
+
+    await services.memory.settle(tenant, user)  # (the user's last reply may be on its way)
+    try:
+        chain = await services.memory.in_time(services.db.read(read))
+    except BrokenChain as exc:
+        raise _not_found(exc.missing or previous) from None
+    except StorageError as exc:
+        if not whole:
+            return []
+        raise ServiceUnavailable(
+            "Memory storage is unavailable, and it holds the responses this one continues. "
+            "Try again later.",
+            code="memory_unavailable",
+            headers={"retry-after": "5"},
+        ) from exc
+    if chain is None:
+        if not whole:
+            return []
+        raise _not_found(previous)
+    return chain
+
+
+def _not_found(response_id: str) -> BadRequest:
+    return BadRequest(
+        f"Previous response with id '{response_id}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+def _chain_messages(chain: list[ResponseRecord]) -> list[dict[str, Any]]:
+    """A chain's input items and output as neutral messages, in order."""
+    messages: list[dict[str, Any]] = []
+    for stored in chain:
+        messages += parse_input({"input": stored.input_items}).messages
+        output = stored.response.get("output")
+        messages += output_to_messages(output if isinstance(output, list) else [])
+    return messages
