@@ -19,7 +19,8 @@ from policies.intent import (
     turn_and_history,
 )
 from policies.intent_labels import DEFAULT_LABELS, LabelSpec
-from proxy.core.config import ConfigError, IntentSettings, load_config
+from proxy.core.config import ConfigError, IntentSettings
+from proxy.core.config_file import load_config
 
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "give me three names for a bakery"},
