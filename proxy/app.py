@@ -39,7 +39,8 @@ from proxy.durability.spill import SpillFile
 from proxy.durability.storage_circuit import StorageCircuit
 from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.memory import ConversationMemory
-from proxy.pipeline.replay import SpillReplayer, Wanted
+from proxy.pipeline.replay import SpillReplayer
+from proxy.pipeline.replay_writes import Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
