@@ -44,7 +44,17 @@ from proxy.pipeline.replay_writes import Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
-from proxy.routes import export, memories, memory, openai, ops, reference, usage
+from proxy.routes import (
+    conversations,
+    export,
+    memories,
+    messages,
+    openai,
+    ops,
+    reference,
+    usage,
+    users,
+)
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
@@ -269,7 +279,9 @@ def create_app(
             openai.chat_completions,
             openai.list_models,
             openai.passthrough,
-            *memory.ROUTES,
+            *conversations.ROUTES,
+            *messages.ROUTES,
+            *users.ROUTES,
             *export.ROUTES,
             *memories.ROUTES,
             attachments_routes.router(config.server),
