@@ -10,15 +10,10 @@ from typing import Any
 
 import pytest
 
-from policies.intent import (
-    CLASSIFY_CHARS,
-    Intent,
-    KeywordClassifier,
-    llm_request,
-    parse_llm_reply,
-    turn_and_history,
-)
+from policies.intent import Intent, turn_and_history
+from policies.intent_keywords import CLASSIFY_CHARS, KeywordClassifier
 from policies.intent_labels import DEFAULT_LABELS, LabelSpec
+from policies.intent_llm import llm_request, parse_llm_reply
 from proxy.core.config import ConfigError, IntentSettings
 from proxy.core.config_file import load_config
 
