@@ -34,8 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from policies.intent import Intent, KeywordClassifier, llm_request, parse_llm_reply
+from policies.intent import Intent
+from policies.intent_keywords import KeywordClassifier
 from policies.intent_labels import DEFAULT_LABELS
+from policies.intent_llm import llm_request, parse_llm_reply
 from proxy.core.config import UpstreamConfig
 from proxy.upstream.openai import OpenAIUpstream
 from proxy.upstream.sse import reply_from_completion

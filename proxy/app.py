@@ -39,11 +39,23 @@ from proxy.durability.spill import SpillFile
 from proxy.durability.storage_circuit import StorageCircuit
 from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.memory import ConversationMemory
-from proxy.pipeline.replay import SpillReplayer, Wanted
+from proxy.pipeline.replay import SpillReplayer
+from proxy.pipeline.replay_writes import Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
 from proxy.routes import attachments as attachments_routes
-from proxy.routes import export, memories, memory, openai, ops, reference, responses, usage
+from proxy.routes import (
+    conversations,
+    export,
+    memories,
+    messages,
+    openai,
+    ops,
+    reference,
+    responses,
+    usage,
+    users,
+)
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
@@ -269,7 +281,9 @@ def create_app(
             openai.list_models,
             *responses.ROUTES,
             openai.passthrough,
-            *memory.ROUTES,
+            *conversations.ROUTES,
+            *messages.ROUTES,
+            *users.ROUTES,
             *export.ROUTES,
             *memories.ROUTES,
             attachments_routes.router(config.server),

@@ -10,7 +10,8 @@ import os
 import socket
 import sys
 
-from proxy.core.config import Config, ConfigError, load_config
+from proxy.core.config import Config, ConfigError
+from proxy.core.config_file import load_config
 
 DEFAULT_CONFIG = "config.yaml"
 

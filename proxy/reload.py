@@ -33,7 +33,8 @@ from proxy.background.embeddings import Embeddings, check_embeddings
 from proxy.background.extraction import MemoryExtractor
 from proxy.background.vector_index import VectorIndex
 from proxy.core.auth import KeyRing
-from proxy.core.config import Config, ConfigError, load_config
+from proxy.core.config import Config, ConfigError
+from proxy.core.config_file import load_config
 from proxy.pipeline.artifacts import Artifacts
 from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory

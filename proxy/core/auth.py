@@ -6,7 +6,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from proxy.core.config import Config, Scope, TenantConfig, tenant_keys
+from proxy.core.config import Config, Scope, TenantConfig
+from proxy.core.config_file import tenant_keys
 from proxy.core.errors import AuthenticationFailed, PermissionDenied
 
 

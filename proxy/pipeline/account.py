@@ -16,7 +16,7 @@ from proxy.background.embeddings import Vector
 from proxy.pipeline.identify import TurnRequest
 from proxy.pipeline.intent import LLMIntent, record_intent
 from proxy.pipeline.persist import record, spill_outcome
-from proxy.pipeline.replay import spilled_charge, spilled_intent, spilled_outcome
+from proxy.pipeline.spill_entries import spilled_charge, spilled_intent, spilled_outcome
 from proxy.pipeline.turn import Outcome, Turn
 from storage.errors import StorageError
 

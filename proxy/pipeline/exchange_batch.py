@@ -13,8 +13,8 @@ import structlog
 from sqlalchemy import Connection
 
 from proxy.durability.spill import SpillFile
-from proxy.pipeline.replay import spilled_record
 from proxy.pipeline.reply import pending_row
+from proxy.pipeline.spill_entries import spilled_record
 from proxy.pipeline.turn import Outcome, Turn
 from storage.database import Database
 from storage.errors import StorageError, StorageUnavailable

@@ -16,14 +16,10 @@ from typing import Any
 import structlog
 from sqlalchemy import Connection
 
-from policies.intent import (
-    Intent,
-    KeywordClassifier,
-    llm_request,
-    parse_llm_reply,
-    turn_and_history,
-)
+from policies.intent import Intent, turn_and_history
+from policies.intent_keywords import KeywordClassifier
 from policies.intent_labels import DEFAULT_LABELS, LabelSpec
+from policies.intent_llm import llm_request, parse_llm_reply
 from policies.pricing import Usage
 from proxy.accounting.costs import usage_or_estimate
 from proxy.accounting.metrics import Metrics

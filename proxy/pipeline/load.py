@@ -14,7 +14,7 @@ from proxy.core.requests import Inline
 from proxy.durability.spill import SpillFull
 from proxy.durability.storage_circuit import StorageCircuitOpen
 from proxy.pipeline.identify import TurnRequest
-from proxy.pipeline.replay import spilled_turn
+from proxy.pipeline.spill_entries import spilled_turn
 from proxy.pipeline.turn import ANONYMOUS, Turn
 from storage.errors import StorageError, StorageTimeout, StorageUnavailable
 

@@ -9,7 +9,7 @@ import structlog
 
 from proxy.core.access import RequestInfo
 from proxy.durability.spill import Spilled
-from proxy.pipeline.replay import spilled_outcome
+from proxy.pipeline.spill_entries import spilled_outcome
 from proxy.pipeline.turn import Outcome, Turn, now
 from proxy.state import AppState
 from storage.errors import StorageError

@@ -17,7 +17,8 @@ from proxy.core.requests import reply_problem
 from proxy.pipeline.turn import Outcome, TokenCounter, Turn, now
 from storage.errors import StaleConversation
 from storage.records import ConversationRecord, NewMessage, ResponseRecord
-from storage.repositories.conversations import SUPERSEDED, Conversations
+from storage.repositories.conversation_messages import SUPERSEDED
+from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs

@@ -37,7 +37,7 @@ from proxy.routes.api_types import (
     CreateAttachmentRequest,
     Deleted,
 )
-from proxy.routes.memory import limit_param, page
+from proxy.routes.params import limit_param, page
 from proxy.routes.reference import api, ref
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord

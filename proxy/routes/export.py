@@ -36,9 +36,11 @@ from proxy.pipeline.turn import now
 from proxy.protocols.responses.stored import stored_response_object
 from proxy.routes.api_types import UserExportDocument
 from proxy.routes.attachments import attachment_object
+from proxy.routes.conversations import conversation_object
 from proxy.routes.jobs import job_object
 from proxy.routes.memories import memory_object
-from proxy.routes.memory import conversation_object, message_object, user_param
+from proxy.routes.messages import message_object
+from proxy.routes.params import user_param
 from proxy.routes.reference import api
 from proxy.routes.usage import exchange_object
 from proxy.state import AppState

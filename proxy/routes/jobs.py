@@ -15,7 +15,7 @@ from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.routes.api_types import Job, JobList
-from proxy.routes.memory import limit_param, page, user_param
+from proxy.routes.params import limit_param, page, user_param
 from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import JobRecord

@@ -25,7 +25,7 @@ from proxy.routes.api_types import (
     MemoryList,
     UpdateMemoryRequest,
 )
-from proxy.routes.memory import limit_param, page, user_param
+from proxy.routes.params import limit_param, page, user_param
 from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import MemoryRecord

@@ -32,8 +32,8 @@ from proxy.core.requests import check_responses_request, header_text, parse_json
 from proxy.protocols.responses.stored import deleted, input_item_list, item_list
 from proxy.protocols.responses.turn import create_response_turn
 from proxy.routes.api_types import Deleted
-from proxy.routes.memory import limit_param
 from proxy.routes.openai import check_model, forward
+from proxy.routes.params import limit_param
 from proxy.routes.reference import CHAT_HEADERS, api, json_body, openai_response, ref
 from proxy.state import AppState
 from storage.errors import BrokenChain, UnknownCursor

@@ -24,7 +24,7 @@ from proxy.core.json_responses import json_response
 from proxy.core.requests import parse_timestamp
 from proxy.pipeline.turn import now
 from proxy.routes.api_types import Exchange, UsageReport
-from proxy.routes.memory import user_param
+from proxy.routes.params import user_param
 from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals

@@ -26,8 +26,9 @@ from typing import Any
 
 from policies.artifact_prompts import DOCUMENTS, PLANNER_TASK, SUMMARY_TASK
 from policies.extraction import EXCHANGE, EXTRACTION_TASK
-from policies.intent import INTENT_TASK, NEWEST_MESSAGE, KeywordClassifier
+from policies.intent_keywords import KeywordClassifier
 from policies.intent_labels import DEFAULT_LABELS
+from policies.intent_llm import INTENT_TASK, NEWEST_MESSAGE
 from policies.summaries import ASK, NEW_TURNS, SO_FAR
 from policies.summaries import SYSTEM_PROMPT as SUMMARY_PROMPT
 from policies.tokens import count_text, message_text

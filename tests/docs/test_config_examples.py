@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from proxy.background.embeddings import check_embeddings
-from proxy.core.config import ConfigError, load_config
+from proxy.core.config import ConfigError
+from proxy.core.config_file import load_config
 from tests.docs.markdown import ROOT, Block, blocks, pages
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

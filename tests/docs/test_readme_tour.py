@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.core.config import load_config
+from proxy.core.config_file import load_config
 from tests.docs.markdown import ROOT, Block, blocks
 from tests.processes import Replica, spawn, stop, wait_ready
 

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import openai
 
-from proxy.core.config import Config, ServerConfig, load_config
+from proxy.core.config import Config, ServerConfig
+from proxy.core.config_file import load_config
 from tests.polling import eventually
 
 SHIPPED = Path(__file__).resolve().parents[2] / "config.yaml"

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from policies.intent import KeywordClassifier
+from policies.intent_keywords import KeywordClassifier
 from proxy.core.config import (
     Config,
     IntentPolicy,

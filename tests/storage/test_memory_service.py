@@ -22,7 +22,7 @@ from proxy.durability.spill import SpillFile
 from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.turn import Mode, Outcome, TokenCounter, Turn
-from proxy.routes.memory import erase_user
+from proxy.routes.users import erase_user
 from storage.database import Database
 from storage.models import EXCHANGES
 from storage.records import ConversationRecord, ExchangeRecord, MessageRecord

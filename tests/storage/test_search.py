@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from proxy.background.maintenance import Maintenance
 from proxy.core.config import Config, TenantConfig
-from proxy.routes.memory import erase_user
+from proxy.routes.users import erase_user
 from storage import migrate
 from storage.database import Database
 from storage.errors import StaleConversation

@@ -19,16 +19,16 @@ from proxy.core.requests import Inline
 from proxy.durability.spill import Spilled, SpillFile
 from proxy.durability.storage_circuit import StorageCircuit
 from proxy.pipeline.memory import ConversationMemory
-from proxy.pipeline.replay import (
-    SpillReplayer,
-    Wanted,
+from proxy.pipeline.replay import SpillReplayer
+from proxy.pipeline.replay_writes import Wanted
+from proxy.pipeline.reply import pending_row
+from proxy.pipeline.spill_entries import (
     spilled_charge,
     spilled_intent,
     spilled_outcome,
     spilled_record,
     spilled_turn,
 )
-from proxy.pipeline.reply import pending_row
 from proxy.pipeline.turn import Outcome
 from storage.database import Database
 from storage.errors import StorageUnavailable

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.core.config import ConfigError, load_config, tenant_keys
+from proxy.core.config import ConfigError
+from proxy.core.config_file import load_config, tenant_keys
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,8 @@ from policies.artifact_prompts import parse_plan, planner_request, summary_withi
 from policies.artifact_prompts import summary_request as document_summary_request
 from policies.artifacts import Artifact
 from policies.extraction import Known, extraction_request, parse_decisions
-from policies.intent import KeywordClassifier, llm_request, parse_llm_reply
+from policies.intent_keywords import KeywordClassifier
+from policies.intent_llm import llm_request, parse_llm_reply
 from policies.summaries import parse_summary, summary_request
 from policies.tokens import count_messages
 from proxy.core.config import UpstreamConfig

@@ -10,16 +10,12 @@ from typing import Any
 
 import pytest
 
-from policies.intent import (
-    CLASSIFY_CHARS,
-    Intent,
-    KeywordClassifier,
-    llm_request,
-    parse_llm_reply,
-    turn_and_history,
-)
+from policies.intent import Intent, turn_and_history
+from policies.intent_keywords import CLASSIFY_CHARS, KeywordClassifier
 from policies.intent_labels import DEFAULT_LABELS, LabelSpec
-from proxy.core.config import ConfigError, IntentSettings, load_config
+from policies.intent_llm import llm_request, parse_llm_reply
+from proxy.core.config import ConfigError, IntentSettings
+from proxy.core.config_file import load_config
 
 HISTORY: list[dict[str, Any]] = [
     {"role": "user", "content": "give me three names for a bakery"},

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.durability.spill import Spilled, SpillFile, SpillFull
-from proxy.pipeline.replay import grouped
+from proxy.pipeline.spill_entries import grouped
 
 AT = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 

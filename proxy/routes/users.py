@@ -1,0 +1,95 @@
+"""Erasing a user: DELETE /v1/memory/users/{user_id}, everything stored for them.
+
+Scope `manage`, within the caller's tenant.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import structlog
+from litestar import Response, delete
+from litestar.di import NamedDependency
+from litestar.params import FromPath
+from sqlalchemy import Connection
+
+from proxy.core.auth import Principal
+from proxy.core.json_responses import json_response
+from proxy.core.user_paths import user_in_path
+from proxy.pipeline.turn import now
+from proxy.routes.api_types import UserDeleted
+from proxy.routes.params import user_param
+from proxy.routes.reference import api
+from proxy.state import AppState
+from storage.repositories.attachments import Attachments
+from storage.repositories.conversations import Conversations
+from storage.repositories.erasures import Erasures
+from storage.repositories.jobs import Jobs
+from storage.repositories.memories import Memories
+from storage.repositories.responses import Responses
+from storage.repositories.summaries import Summaries
+from storage.repositories.system import SystemRepository
+from storage.repositories.vectors import MessageVectors
+
+log = structlog.get_logger("memproxy.memory")
+
+
+@delete(
+    "/v1/memory/users/{user_id:str}",
+    status_code=200,
+    summary="Erase everything stored for a user",
+    **api("manage", ok=UserDeleted),
+)
+async def delete_user(
+    user_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    user_id = user_param(user_in_path(user_id), "user_id")
+    await services.deferred.settle()  # mode-off records still in the batch go too
+
+    counts = await services.db.write(
+        partial(erase_user, tenant_id=principal.tenant_id, user_id=user_id)
+    )
+    if not await services.db.checkpoint():  # (nor an earlier copy in SQLite's log)
+        log.info("erasure_log_kept", reason="a reader or the file busy; emptied as writes go on")
+    counts["spilled"] = await services.spill.forget(principal.tenant_id, user_id)
+    if services.vectors is not None:
+        services.vectors.forget(principal.tenant_id, user_id)
+    return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
+
+
+def erase_user(conn: Connection, tenant_id: str, user_id: str) -> dict[str, int]:
+    """Everything stored for the user deleted, in the caller's transaction; how much of each.
+
+    Locks in the order the writers take them, so that none waits for another in a cycle:
+    the user's erasure lock (turns share it), their jobs (a job being applied holds its row,
+    then its conversation's), their conversations' rows (a message import holds one, then the
+    user's word counts; retention holds one, then its vectors and attachments), then the rest.
+    """
+    # Turns of this user waiting in a replica's spill are not written back after this.
+    erasures = Erasures(conn)
+    erasures.lock(tenant_id, user_id)
+    erasures.record(tenant_id, user_id, now())
+    # Jobs first: one being applied holds its row, so this waits for it to commit and the
+    # deletes below take what it wrote (a later one finds its job gone).
+    jobs = Jobs(conn).delete_user(tenant_id, user_id)
+    conversations = Conversations(conn)
+    conversations.lock(tenant_id, user_id=user_id)
+    vectors = MessageVectors(conn).delete_user(tenant_id, user_id)
+    attachments = Attachments(conn).delete_user(tenant_id, user_id)
+    counts = conversations.delete_user(tenant_id, user_id)
+    SystemRepository(conn).drop_deleted_from_search()  # (nor their words in the indexes)
+    return {
+        **counts,
+        "attachments": attachments,
+        "memories": Memories(conn).delete_user(tenant_id, user_id),
+        "responses": Responses(conn).delete_user(tenant_id, user_id),
+        "jobs": jobs,
+        "summaries": Summaries(conn).delete_user(tenant_id, user_id),
+        "vectors": vectors,
+    }
+
+
+ROUTES = [delete_user]
