@@ -25,10 +25,10 @@ from proxy.pipeline.classify import TurnIntent
 from proxy.pipeline.headers import memory_headers
 from proxy.pipeline.identify import TurnRequest
 from proxy.pipeline.load import Loaded, load
-from proxy.pipeline.observe import StreamEnd, StreamWatch
+from proxy.pipeline.observe import StreamEnd, StreamWatch, stream_outcome, whole_outcome
 from proxy.pipeline.recall_turn import embed_question
 from proxy.pipeline.turn import Outcome
-from proxy.pipeline.wire import NeutralTurn, WholeReply, WireProtocol
+from proxy.pipeline.wire import NeutralTurn, WireProtocol
 from proxy.protocols.relay import to_response
 from proxy.state import AppState
 
@@ -140,7 +140,14 @@ class TurnExchange:
                 # before the upstream call, so usually it is there already).
                 await asyncio.wait([self.intent.llm])
             whole = self.wire.whole(reply)
-            outcome = await self._whole_outcome(whole.reply.status, whole, forwarded)
+            ok = whole.reply.status < 400
+            outcome = await whole_outcome(
+                req,
+                whole,
+                sent=self.sent,
+                attached=self.attached,
+                keep=self._keep(whole.native) if ok else None,
+            )
             assert outcome.bill is not None
             bill = outcome.bill
             if self.loaded.turn is not None and self.loaded.turn.pending is not None:
@@ -227,53 +234,12 @@ class TurnExchange:
         assembly = self.assembled.assembly
         return client + (assembly.context_tokens if assembly else 0)
 
-    async def _whole_outcome(self, status: int, whole: WholeReply, forwarded: float) -> Outcome:
-        ok = status < 400
-        if ok:
-            bill = await self.services.pricer.final(
-                self.req.turn.model,
-                whole.usage,
-                prompt_tokens=None,
-                prompt=self.sent,
-                reply=whole.message,
-            )
-        else:
-            bill = nothing_billed()
-        info = self.req.info
-        now = time.perf_counter()
-        upstream_ms = info.upstream_ms or 0.0
-        body = whole.reply.body or b""
-        return Outcome(
-            status="complete" if ok else "error",
-            http_status=status,
-            reply=whole.message if ok else None,
-            bill=bill,
-            error=None if ok else body[:2000].decode("utf-8", "replace"),
-            latency_ms=(now - info.started) * 1000,
-            upstream_ms=upstream_ms,
-            overhead_ms=(now - info.started) * 1000 - upstream_ms,
-            attached=self.attached,
-            keep=self._keep(whole.native) if ok else None,
-        )
-
     async def _settle_stream(self, end: StreamEnd) -> None:
-        bill = await self.services.pricer.final(
-            self.req.turn.model,
-            end.usage,
+        outcome = await stream_outcome(
+            self.req,
+            end,
             prompt_tokens=self.prompt_tokens,
-            prompt=self.sent,
-            reply=end.reply,
-        )
-        started = self.req.info.started
-        outcome = Outcome(
-            status=end.status,  # type: ignore[arg-type]
-            http_status=200,
-            reply=end.reply,
-            bill=bill,
-            error=end.error,
-            latency_ms=(time.perf_counter() - started) * 1000,
-            ttft_ms=None if end.first_chunk_at is None else (end.first_chunk_at - started) * 1000,
-            upstream_ms=self.req.info.upstream_ms,
+            sent=self.sent,
             overhead_ms=self.overhead_ms,
             attached=self.attached,
             keep=self._keep(end.native),

@@ -12,9 +12,13 @@ from typing import Any
 
 import structlog
 
+from proxy.accounting.costs import nothing_billed
 from proxy.core.errors import ProxyError
-from proxy.pipeline.wire import StreamReader
+from proxy.pipeline.identify import TurnRequest
+from proxy.pipeline.turn import Outcome
+from proxy.pipeline.wire import StreamReader, WholeReply
 from proxy.upstream.sse import NotUnderstood, SSEDecoder, error_text
+from storage.records import ResponseRecord
 
 log = structlog.get_logger("memproxy.pipeline")
 
@@ -111,3 +115,69 @@ class StreamWatch:
     def abandon(self) -> None:
         # Complete if the reply had already finished when the client left.
         self._spawn(self._settle(self.end("complete", "client disconnected")))
+
+
+async def whole_outcome(
+    req: TurnRequest,
+    whole: WholeReply,
+    *,
+    sent: list[dict[str, Any]],
+    attached: dict[str, Any],
+    keep: ResponseRecord | None,
+) -> Outcome:
+    """How a whole (non-streamed) reply ends the exchange: priced from its usage (or our
+    count), or an upstream error passed on."""
+    status = whole.reply.status
+    ok = status < 400
+    if ok:
+        bill = await req.services.pricer.final(
+            req.turn.model, whole.usage, prompt_tokens=None, prompt=sent, reply=whole.message
+        )
+    else:
+        bill = nothing_billed()
+    info = req.info
+    now = time.perf_counter()
+    upstream_ms = info.upstream_ms or 0.0
+    body = whole.reply.body or b""
+    return Outcome(
+        status="complete" if ok else "error",
+        http_status=status,
+        reply=whole.message if ok else None,
+        bill=bill,
+        error=None if ok else body[:2000].decode("utf-8", "replace"),
+        latency_ms=(now - info.started) * 1000,
+        upstream_ms=upstream_ms,
+        overhead_ms=(now - info.started) * 1000 - upstream_ms,
+        attached=attached,
+        keep=keep,
+    )
+
+
+async def stream_outcome(
+    req: TurnRequest,
+    end: StreamEnd,
+    *,
+    prompt_tokens: int | None,
+    sent: list[dict[str, Any]],
+    overhead_ms: float | None,
+    attached: dict[str, Any],
+    keep: ResponseRecord | None,
+) -> Outcome:
+    """How a watched stream ends the exchange, priced from the usage it carried."""
+    bill = await req.services.pricer.final(
+        req.turn.model, end.usage, prompt_tokens=prompt_tokens, prompt=sent, reply=end.reply
+    )
+    started = req.info.started
+    return Outcome(
+        status=end.status,  # type: ignore[arg-type]
+        http_status=200,
+        reply=end.reply,
+        bill=bill,
+        error=end.error,
+        latency_ms=(time.perf_counter() - started) * 1000,
+        ttft_ms=None if end.first_chunk_at is None else (end.first_chunk_at - started) * 1000,
+        upstream_ms=req.info.upstream_ms,
+        overhead_ms=overhead_ms,
+        attached=attached,
+        keep=keep,
+    )
