@@ -322,3 +322,82 @@ async def test_a_native_chain_is_the_upstreams_and_the_proxy_sends_no_history_ag
         == first.http_response.headers["x-memory-conversation-id"]
     )
     assert headers["x-memory-history-messages"] == "0"
+
+
+# --- the same on both kinds of upstream ---------------------------------------------------------
+
+
+@pytest.fixture(params=["native", "translated"])
+async def both(
+    request: pytest.FixtureRequest,
+    responses_fake: tuple[FakeResponses, str],
+    serve_proxy: ServeProxy,
+) -> AsyncIterator[openai.AsyncOpenAI]:
+    """memproxy in front of the strict fake Responses API, or of echo (translated)."""
+    if request.param == "native":
+        _, url = responses_fake
+        upstream = UpstreamConfig(kind="openai", base_url=url, api_key="upstream-key")
+    else:
+        upstream = UpstreamConfig(kind="echo")
+    async with sdk(serve_proxy(make_config(upstream))) as client:
+        yield client
+
+
+async def test_a_function_call_round_trip_stores_calls_and_outputs_as_tool_messages(
+    both: openai.AsyncOpenAI, serve_proxy: ServeProxy
+) -> None:
+    first = await both.responses.with_raw_response.create(
+        model="gpt-4o-mini",
+        input="Please lookup the word ephemeral.",
+        tools=[LOOKUP],
+        tool_choice={"type": "function", "name": "lookup"},
+        extra_headers=ALICE,
+    )
+    (call,) = [o for o in first.parse().output if o.type == "function_call"]
+    followup: list[Any] = [
+        {"role": "user", "content": "Please lookup the word ephemeral."},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "short-lived"},
+    ]
+    second = await both.responses.with_raw_response.create(
+        model="gpt-4o-mini", input=followup, tools=[LOOKUP], extra_headers=ALICE
+    )
+    assert second.parse().output_text
+    conversation = first.http_response.headers["x-memory-conversation-id"]
+    assert second.http_response.headers["x-memory-conversation-id"] == conversation
+    base = str(both.base_url).rstrip("/")
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
+        listed = await http.get(f"{base}/memory/conversations/{conversation}/messages")
+    roles = [(m["role"], bool(m.get("tool_calls"))) for m in listed.json()["data"]]
+    assert roles == [
+        ("user", False),
+        ("assistant", True),
+        ("tool", False),
+        ("assistant", False),
+    ]
+
+
+async def test_text_format_reaches_a_native_upstream_as_the_client_sent_it(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    app, client = native
+    text = {
+        "format": {
+            "type": "json_schema",
+            "name": "word",
+            "schema": {
+                "type": "object",
+                "properties": {"word": {"type": "string"}},
+                "required": ["word"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        }
+    }
+    await client.responses.create(
+        model="gpt-4o",
+        input="Give me a word.",
+        text=text,
+        extra_headers=ALICE,  # type: ignore[arg-type]
+    )
+    assert app.responses_requests[-1]["text"] == text
