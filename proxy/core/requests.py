@@ -119,8 +119,10 @@ def check_responses_request(body: dict[str, Any]) -> None:
     if not isinstance(model, str) or not model.strip() or len(model) > 256 or "\x00" in model:
         what = "missing" if model is None else "not a non-empty string of at most 256 characters"
         raise BadRequest(f"'model' is {what}.", param="model")
-    if body.get("input") is None and body.get("previous_response_id") is None:
-        raise BadRequest("'input' is missing.", param="input")
+    value = body.get("input")
+    if value is None or value == [] or value == "":
+        what = "missing" if value is None else "empty"
+        raise BadRequest(f"'input' is {what}: memproxy needs the turn's input.", param="input")
     for key, kind, name in (
         ("stream", bool, "a boolean"),
         ("store", bool, "a boolean"),

@@ -220,6 +220,8 @@ async def test_structured_output_by_translation(echo: openai.AsyncOpenAI) -> Non
 async def test_bad_responses_requests_are_400s_naming_the_param(echo: openai.AsyncOpenAI) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"input": 5}, "input"),
+        ({"input": []}, "input"),
+        ({"instructions": "Be brief."}, "input"),
         ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
         ({"input": "x", "stream": "yes"}, "stream"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
