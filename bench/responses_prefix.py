@@ -10,6 +10,10 @@ memproxy can keep the state of a `previous_response_id` chain, with memory on an
                      a `store: false` client resending its input on the native upstream, and a
                      client chaining `previous_response_id` on a translated upstream (memproxy
                      sends the chain it keeps as chat messages).
+    client state     a client that resends its whole input but leaves `store` on (the API's
+                     default, the Agents SDK's without `previous_response_id`): the upstream
+                     stores each response, so memproxy's context goes into `instructions` as in
+                     (a), although no request continues one.
 
 Workload: a ~1,500-token `instructions` prompt and 20 turns of one conversation, replies of
 about 120 tokens. Memory on: the user has ten earlier conversations, one fact each, and most
@@ -23,9 +27,12 @@ input as sent (`instructions` first). It is tokenised with tiktoken (o200k_base,
 encoding in policies/tokens.py), one message at a time with its role as a header. The
 figure is the share of those tokens that equal the previous request's effective prompt from
 its start (the longest common token prefix: what a prefix cache could serve), averaged over
-turns 2-20. Every server is real, on 127.0.0.1: memproxy (SQLite in a temp dir) and the tests'
-strict fake Responses API (tests/fakes/openai_responses.py) or fake chat completions API, each
-a uvicorn server in a thread.
+turns 2-20. It also counts the items of the responses the native upstream stored that carry
+memproxy's context (0: the context never accumulates in upstream state).
+
+Every server is real, on 127.0.0.1: memproxy (SQLite in a temp dir) and the tests' strict fake
+Responses API (tests/fakes/openai_responses.py) or fake chat completions API, each a uvicorn
+server in a thread. About 15 s.
 
     .venv/bin/python bench/responses_prefix.py [--turns 20] [--json figures.json]
 """
@@ -60,6 +67,9 @@ from tests.fakes.openai_upstream import FakeOpenAI, Recorded, Reply
 from tests.fakes.server import ServerThread
 
 MODEL = "gpt-4o"
+# The clients: new input and previous_response_id; the whole input resent with `store: false`;
+# the same with `store` left on (the API's default).
+CHAIN, RESEND, RESEND_STORED = "chain", "resend", "resend-stored"
 # How memproxy's recalled context begins (policies/recall.py): found in the upstream's stored
 # items, it would have accumulated in upstream state.
 CONTEXT_MARK = "Excerpts from earlier conversations"
@@ -227,13 +237,14 @@ def converse(
     run: Run,
     *,
     user: str,
-    chain: bool,
+    client_kind: str,
     turns: int,
     system: str,
     encoding: tiktoken.Encoding,
 ) -> None:
-    """One conversation of `turns` turns. `chain`: new input + previous_response_id each turn;
-    else the client resends its whole input with `store: false`."""
+    """One conversation of `turns` turns. `client_kind`: CHAIN sends its new input with
+    `previous_response_id`; RESEND resends its whole input with `store: false`, and
+    RESEND_STORED the same with `store` left on."""
     headers = {"x-memory-user-id": user}
     if not run.memory:
         headers["x-memory-mode"] = "off"
@@ -242,13 +253,15 @@ def converse(
     before = len(fake.prompts)
     for text in TURNS[:turns]:
         body: dict[str, Any] = {"model": MODEL, "instructions": system}
-        if chain:
+        if client_kind == CHAIN:
             body["input"] = text
             if previous is not None:
                 body["previous_response_id"] = previous
         else:
             items.append({"role": "user", "content": text})
-            body |= {"input": list(items), "store": False}
+            body["input"] = list(items)
+            if client_kind == RESEND:
+                body["store"] = False
         reply = client.post("/v1/responses", json=body, headers=headers)
         assert reply.status_code == 200, reply.text[:500]
         response = reply.json()
@@ -309,12 +322,25 @@ def measure(turns: int, workdir: Path) -> tuple[list[Run], int]:
         translated = UpstreamConfig(
             kind="openai", base_url=chat_server.url + "/v1", api_key="k", responses="translate"
         )
-        plan: list[tuple[str, str, UpstreamConfig, BenchResponses | BenchChat, bool]] = [
-            ("(a) upstream state", "native, previous_response_id", native, native_fake, True),
-            ("(b) memproxy state", "native, store: false resend", native, native_fake, False),
-            ("(b) memproxy state", "translated, previous_response_id", translated, chat_fake, True),
+        plan: list[tuple[str, str, UpstreamConfig, BenchResponses | BenchChat, str]] = [
+            ("(a) upstream state", "native, previous_response_id", native, native_fake, CHAIN),
+            (
+                "(b) memproxy state",
+                "native, store: false, input resent",
+                native,
+                native_fake,
+                RESEND,
+            ),
+            (
+                "(b) memproxy state",
+                "translated, previous_response_id",
+                translated,
+                chat_fake,
+                CHAIN,
+            ),
+            ("client state", "native, store on, input resent", native, native_fake, RESEND_STORED),
         ]
-        for n, (mode, how, upstream, fake, chain) in enumerate(plan):
+        for n, (mode, how, upstream, fake, kind) in enumerate(plan):
             with memproxy(upstream, workdir, f"run{n}") as client:
                 for memory in (False, True):
                     user = f"user-{n}-{'on' if memory else 'off'}"
@@ -327,7 +353,9 @@ def measure(turns: int, workdir: Path) -> tuple[list[Run], int]:
                         fake,
                         run,
                         user=user,
-                        chain=chain and (memory or upstream is native),
+                        client_kind=RESEND
+                        if kind == CHAIN and not memory and upstream is translated
+                        else kind,
                         turns=turns,
                         system=system,
                         encoding=encoding,
