@@ -247,11 +247,10 @@ class TurnExchange:
         await self.settle(outcome)
 
     def _keep(self, native: dict[str, Any] | None) -> Any:
-        """The protocol's object for the reply, to keep with it (not for a turn stored in a
-        batch, mode off)."""
+        """The protocol's object for the reply, to keep with it (not in mode off)."""
         turn = self.loaded.turn
-        if native is None or turn is None or turn.pending is not None:
-            return None
+        if native is None or turn is None or turn.mode == "off":
+            return None  # (mode off stores nothing of the conversation's)
         return self.wire.keep(
             native, tenant_id=turn.tenant_id, user_id=turn.user_id, request_id=self.req.request_id
         )

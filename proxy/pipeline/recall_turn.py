@@ -114,9 +114,7 @@ async def recall_for(
                 or min(MAX_CANDIDATES, max(10, budget // TOKENS_PER_CANDIDATE)),
                 now=now(),
                 conversation_pk=turn.conversation.pk if anonymous and turn.conversation else None,
-                hidden=(turn.conversation.pk, turn.visible_before)
-                if turn.conversation is not None and turn.visible_before is not None
-                else None,
+                hidden=_hidden(req, turn),
                 memory_share=ctx.memory_share,
                 semantic=semantic,
                 excerpts=search,
@@ -126,6 +124,19 @@ async def recall_for(
         log.warning("recall_failed", request_id=req.request_id, error=str(exc))
         found, failed = NOTHING, True
     return TurnRecall(found, failed, round((time.perf_counter() - started) * 1000, 3))
+
+
+def _hidden(req: TurnRequest, turn: Turn) -> tuple[int, int] | None:
+    """What of the turn's own conversation recall leaves out, from which seq on: all of it
+    when the prompt holds the conversation already (a Responses chain the upstream keeps, or
+    memproxy sends again), else what this turn may not see (a replay's later messages)."""
+    if turn.conversation is None:
+        return None
+    if not req.turn.attach_history:
+        return (turn.conversation.pk, 0)
+    if turn.visible_before is not None:
+        return (turn.conversation.pk, turn.visible_before)
+    return None
 
 
 def last_user_text(messages: list[dict[str, object]]) -> str:

@@ -33,8 +33,9 @@ class NeutralTurn:
     # The conversation the protocol itself names (the Responses API's `previous_response_id`
     # or `conversation`), when no X-Memory-Conversation-Id header does.
     conversation_id: str | None = None
-    # False when the upstream already holds the conversation's history (a Responses chain it
-    # stores itself): stored history is not sent again; recall, memories and documents are.
+    # False when the prompt holds the conversation's history already (a Responses chain the
+    # upstream stores itself, or one memproxy sends again whole): stored history is not
+    # attached, and recall leaves the conversation out; memories and documents still go.
     attach_history: bool = True
 
 

@@ -312,12 +312,16 @@ async def test_a_native_chain_is_the_upstreams_and_the_proxy_sends_no_history_ag
     )
     one = first.parse()
     second = await client.responses.with_raw_response.create(
-        model="gpt-4o", previous_response_id=one.id, input="And my desk?", extra_headers=ALICE
+        model="gpt-4o",
+        previous_response_id=one.id,
+        input="What was my badge number?",
+        extra_headers=ALICE,
     )
     sent = app.responses_requests[-1]
     assert sent["previous_response_id"] == one.id
-    assert sent["input"] == "And my desk?"
-    assert "instructions" not in sent  # (nothing recalled: the chain holds the first turn)
+    assert sent["input"] == "What was my badge number?"
+    # Nothing recalled: the chain the upstream keeps holds the first turn already.
+    assert "instructions" not in sent
     headers = second.http_response.headers
     assert (
         headers["x-memory-conversation-id"]
@@ -403,3 +407,47 @@ async def test_text_format_reaches_a_native_upstream_as_the_client_sent_it(
         extra_headers=ALICE,  # type: ignore[arg-type]
     )
     assert app.responses_requests[-1]["text"] == text
+
+
+async def test_an_openai_conversation_is_the_upstreams_and_gets_no_history_again(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    app, client = native
+    for text in ("My badge number is 9981.", "What was my badge number?"):
+        raw = await client.responses.with_raw_response.create(
+            model="gpt-4o", conversation="conv_shared", input=text, extra_headers=ALICE
+        )
+        assert raw.http_response.headers["x-memory-conversation-id"] == "conv_shared"
+        assert raw.http_response.headers["x-memory-history-messages"] == "0"
+    sent = app.responses_requests[-1]
+    assert sent["conversation"] == "conv_shared" and sent["input"] == "What was my badge number?"
+    assert "instructions" not in sent
+
+
+async def test_previous_response_id_names_the_conversation_before_the_parameter(
+    echo: openai.AsyncOpenAI,
+) -> None:
+    first = await echo.responses.with_raw_response.create(
+        model="gpt-4o-mini", input="one", extra_headers=ALICE
+    )
+    second = await echo.responses.with_raw_response.create(
+        model="gpt-4o-mini",
+        previous_response_id=first.parse().id,
+        conversation="elsewhere",
+        input="two",
+        extra_headers=ALICE,
+    )
+    conversation = first.http_response.headers["x-memory-conversation-id"]
+    assert second.http_response.headers["x-memory-conversation-id"] == conversation
+
+
+async def test_mode_off_keeps_no_response_even_with_an_idempotency_key(
+    echo: openai.AsyncOpenAI,
+) -> None:
+    off = await echo.responses.create(
+        model="gpt-4o-mini",
+        input="not kept",
+        extra_headers={**ALICE, "X-Memory-Mode": "off", "Idempotency-Key": "k-1"},
+    )
+    with pytest.raises(openai.NotFoundError):
+        await echo.responses.retrieve(off.id, extra_headers=ALICE)

@@ -30,20 +30,22 @@ async def create_response_turn(
     request: Request[Any, Any, Any], principal: Principal, services: AppState, body: dict[str, Any]
 ) -> Response[Any]:
     translate = services.responses_mode(principal) == "translate"
-    conversation = _conversation(body, translate)
-    history: list[dict[str, Any]] = []
+    named = _conversation(body, translate)
+    conversation, history = None, []
     previous = body.get("previous_response_id")
     if isinstance(previous, str):
         chain = await _chain(request, services, principal, body, previous, whole=translate)
-        conversation = conversation or (chain[-1].conversation_id if chain else None)
+        conversation = chain[-1].conversation_id if chain else None
         if translate:
             history = _chain_messages(chain)
     wire = ResponsesAPI(
         body,
         translate=translate,
         history=history,
-        conversation_id=conversation,
-        held_upstream=not translate and isinstance(previous, str),
+        # (the conversation `previous_response_id` continues, else the one named)
+        conversation_id=conversation or named,
+        # A native upstream keeps a chain, and an OpenAI conversation, itself.
+        held_upstream=not translate and (isinstance(previous, str) or named is not None),
     )
     return await answer_turn(request, principal, services, wire, wire.neutral())
 
