@@ -225,7 +225,8 @@ class FakeResponses(FakeOpenAI):
         called = _called_tool(body.get("tool_choice"), tools, last)
         thought = _reasoning(body, number)
         if called is not None:
-            return thought + [
+            return [
+                *thought,
                 {
                     "id": f"fc_fake{number:04d}",
                     "type": "function_call",
@@ -233,7 +234,7 @@ class FakeResponses(FakeOpenAI):
                     "call_id": f"call_fake{number:04d}",
                     "name": called,
                     "arguments": json.dumps({"query": user}),
-                }
+                },
             ]
         system = sum(i.get("role") in ("system", "developer") for i in context)
         seen = (
@@ -248,14 +249,15 @@ class FakeResponses(FakeOpenAI):
         if fmt in ("json_object", "json_schema"):
             text = json.dumps({"answer": text})
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        return thought + [
+        return [
+            *thought,
             {
                 "id": f"msg_fake{number:04d}",
                 "type": "message",
                 "status": "completed",
                 "role": "assistant",
                 "content": [part],
-            }
+            },
         ]
 
 
