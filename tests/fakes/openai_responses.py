@@ -173,14 +173,14 @@ class FakeResponses(FakeOpenAI):
         context = history + new_input
         _check_tool_outputs(context)
         output = self._answer(body, context, len(history), number)
-        response = _response(body, response_id, output, _usage(context, output))
+        response = response_object(body, response_id, output, usage_of(context, output))
         if body.get("store") is not False:
             self.stored[response_id] = Stored(response, new_input, context)
         if conversation is not None:
             self.conversations[conversation] += new_input + output
         if not body.get("stream"):
             return Reply(body=response)
-        return Reply(chunks=_stream(response))
+        return Reply(chunks=stream_events(response))
 
     def _normalize(
         self, raw: Any, number: int, history: list[dict[str, Any]]
@@ -303,7 +303,7 @@ def _check_tool_outputs(context: list[dict[str, Any]]) -> None:
             )
 
 
-def _usage(context: list[dict[str, Any]], output: list[dict[str, Any]]) -> dict[str, Any]:
+def usage_of(context: list[dict[str, Any]], output: list[dict[str, Any]]) -> dict[str, Any]:
     prompt = sum(len(_text(i).split()) + 3 for i in context)
     completion = sum(len((_text(i) or i.get("arguments", "")).split()) for i in output)
     return {
@@ -315,7 +315,7 @@ def _usage(context: list[dict[str, Any]], output: list[dict[str, Any]]) -> dict[
     }
 
 
-def _response(
+def response_object(
     body: dict[str, Any], response_id: str, output: list[dict[str, Any]], usage: dict[str, Any]
 ) -> dict[str, Any]:
     text = body.get("text") or {}
@@ -352,7 +352,7 @@ def _response(
     return response
 
 
-def _stream(response: dict[str, Any]) -> list[bytes]:
+def stream_events(response: dict[str, Any]) -> list[bytes]:
     """The event sequence of `response`, as the API streams it."""
     sequence = itertools.count()
     start = {**response, "status": "in_progress", "output": [], "completed_at": None}
