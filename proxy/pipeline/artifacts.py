@@ -244,6 +244,7 @@ class Artifacts:
         budget: int,
         started_at: datetime,
         storage_away: bool = False,
+        tool_results: bool = True,
     ) -> Attached:
         """The artifacts of this turn fitted into `budget` tokens. `store_in`: the conversation
         (pk) the inline documents are first stored with (mode `full`; they are then read as
@@ -251,7 +252,8 @@ class Artifacts:
         holds; `conversation_end`: the conversation's next seq (tool results are looked for
         among its last `TOOL_WINDOW` messages); `started_at`: when the request began;
         `storage_away`: the request found the database away already (its turn was not
-        stored), so the summary cache is not waited for either."""
+        stored), so the summary cache is not waited for either; `tool_results`: False when
+        the prompt holds the conversation's earlier tool results wherever they are."""
         settings = tenant.attachments
         attached = Attached()
         stored = store_in is not None and await self._store_inline(
@@ -281,7 +283,7 @@ class Artifacts:
                             conversation_end - TOOL_WINDOW,
                             refs,
                             terms,
-                            settings.tool_results,
+                            settings.tool_results and tool_results,
                             budget,
                         )
                     )

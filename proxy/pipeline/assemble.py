@@ -218,6 +218,9 @@ async def _attach(
             inline=inline,
             store_in=keep.pk if keep is not None else None,
             in_prompt_calls=in_prompt,
+            # (History held elsewhere, by the upstream or a chain sent whole, holds its tool
+            # results too: attaching them again would repeat them.)
+            tool_results=req.turn.attach_history,
             question=last_user_text(messages),
             budget=room,
             started_at=req.started_at,

@@ -9,12 +9,15 @@ Strict like the real API, so that tests notice what the proxy sends wrong:
   `instructions` are not carried over;
 - a `function_call_output` must answer a `function_call` of the context (400 otherwise), and
   an `item_reference` must name an item it knows;
-- a response created with `store: false` is not kept: retrieving it or chaining onto it fails.
+- a response created with `store: false` is not kept: retrieving it or chaining onto it fails;
+- a `conversation` must name one made by `POST /v1/conversations`: the model sees its items
+  before the new input, and the input and output items are added to it (400 otherwise).
 
 It serves `GET` and `DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`,
 whole and streamed replies (the event sequence the SDKs consume), and function calls: when
 `tool_choice` names a function or is `required`, or the last input is a user message naming
-a function tool. The reply text is deterministic and says what arrived (item counts, the last
+a function tool. A request with `reasoning` (a reasoning model's) gets a `reasoning` item
+first, with `encrypted_content` when `include` asks for it. The reply text is deterministic and says what arrived (item counts, the last
 user text), so a test sees whether memory context reached the model. `requests` records
 everything; `script` (inherited) overrides the next replies, e.g. with a stream that dies.
 """
@@ -62,6 +65,7 @@ class FakeResponses(FakeOpenAI):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.stored: dict[str, Stored] = {}
+        self.conversations: dict[str, list[dict[str, Any]]] = {}  # id -> its items
         self._ids = itertools.count(1)
 
     @property
@@ -80,6 +84,17 @@ class FakeResponses(FakeOpenAI):
                 return self._create(request)
             except Invalid as exc:
                 return exc.reply
+        if path == "/conversations" and request.method == "POST":
+            conversation = f"conv_fake{next(self._ids):04d}"
+            self.conversations[conversation] = []
+            return Reply(
+                body={
+                    "id": conversation,
+                    "object": "conversation",
+                    "created_at": 1_700_000_000,
+                    "metadata": {},
+                }
+            )
         if match := _ITEM_PATH.fullmatch(path):
             return self._by_id(request.method, match.group(1), bool(match.group(2)), request)
         return super()._default(request)
@@ -145,18 +160,27 @@ class FakeResponses(FakeOpenAI):
                 )
             chain = self.stored[previous]
             history = chain.context + chain.response["output"]
+        conversation = body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        if conversation is not None:
+            if conversation not in self.conversations:
+                raise Invalid(f"Conversation with id '{conversation}' not found.", "conversation")
+            history = list(self.conversations[conversation])
         number = next(self._ids)
         response_id = f"resp_fake{number:04d}"
         new_input = self._normalize(body.get("input"), number, history)
         context = history + new_input
         _check_tool_outputs(context)
         output = self._answer(body, context, len(history), number)
-        response = _response(body, response_id, output, _usage(context, output))
+        response = response_object(body, response_id, output, usage_of(context, output))
         if body.get("store") is not False:
             self.stored[response_id] = Stored(response, new_input, context)
+        if conversation is not None:
+            self.conversations[conversation] += new_input + output
         if not body.get("stream"):
             return Reply(body=response)
-        return Reply(chunks=_stream(response))
+        return Reply(chunks=stream_events(response))
 
     def _normalize(
         self, raw: Any, number: int, history: list[dict[str, Any]]
@@ -199,8 +223,10 @@ class FakeResponses(FakeOpenAI):
         last = context[-1] if context else {}
         user = next((_text(i) for i in reversed(context) if i.get("role") == "user"), "")
         called = _called_tool(body.get("tool_choice"), tools, last)
+        thought = _reasoning(body, number)
         if called is not None:
             return [
+                *thought,
                 {
                     "id": f"fc_fake{number:04d}",
                     "type": "function_call",
@@ -208,7 +234,7 @@ class FakeResponses(FakeOpenAI):
                     "call_id": f"call_fake{number:04d}",
                     "name": called,
                     "arguments": json.dumps({"query": user}),
-                }
+                },
             ]
         system = sum(i.get("role") in ("system", "developer") for i in context)
         seen = (
@@ -224,14 +250,25 @@ class FakeResponses(FakeOpenAI):
             text = json.dumps({"answer": text})
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         return [
+            *thought,
             {
                 "id": f"msg_fake{number:04d}",
                 "type": "message",
                 "status": "completed",
                 "role": "assistant",
                 "content": [part],
-            }
+            },
         ]
+
+
+def _reasoning(body: dict[str, Any], number: int) -> list[dict[str, Any]]:
+    """A reasoning model's reasoning item, for a request that sets `reasoning`."""
+    if not body.get("reasoning"):
+        return []
+    item: dict[str, Any] = {"id": f"rs_fake{number:04d}", "type": "reasoning", "summary": []}
+    if "reasoning.encrypted_content" in (body.get("include") or []):
+        item["encrypted_content"] = f"encrypted-thoughts-{number}"
+    return [item]
 
 
 def _text(item: dict[str, Any]) -> str:
@@ -266,7 +303,7 @@ def _check_tool_outputs(context: list[dict[str, Any]]) -> None:
             )
 
 
-def _usage(context: list[dict[str, Any]], output: list[dict[str, Any]]) -> dict[str, Any]:
+def usage_of(context: list[dict[str, Any]], output: list[dict[str, Any]]) -> dict[str, Any]:
     prompt = sum(len(_text(i).split()) + 3 for i in context)
     completion = sum(len((_text(i) or i.get("arguments", "")).split()) for i in output)
     return {
@@ -278,7 +315,7 @@ def _usage(context: list[dict[str, Any]], output: list[dict[str, Any]]) -> dict[
     }
 
 
-def _response(
+def response_object(
     body: dict[str, Any], response_id: str, output: list[dict[str, Any]], usage: dict[str, Any]
 ) -> dict[str, Any]:
     text = body.get("text") or {}
@@ -315,7 +352,7 @@ def _response(
     return response
 
 
-def _stream(response: dict[str, Any]) -> list[bytes]:
+def stream_events(response: dict[str, Any]) -> list[bytes]:
     """The event sequence of `response`, as the API streams it."""
     sequence = itertools.count()
     start = {**response, "status": "in_progress", "output": [], "completed_at": None}
@@ -326,7 +363,9 @@ def _stream(response: dict[str, Any]) -> list[bytes]:
     ]
     for index, item in enumerate(response["output"]):
         where = {"output_index": index}
-        if item["type"] == "function_call":
+        if item["type"] == "reasoning":
+            chunks.append(event("response.output_item.added", next(sequence), item=item, **where))
+        elif item["type"] == "function_call":
             added = {**item, "status": "in_progress", "arguments": ""}
             chunks.append(event("response.output_item.added", next(sequence), item=added, **where))
             arguments = item["arguments"]

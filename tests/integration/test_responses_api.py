@@ -413,14 +413,15 @@ async def test_an_openai_conversation_is_the_upstreams_and_gets_no_history_again
     native: tuple[FakeResponses, openai.AsyncOpenAI],
 ) -> None:
     app, client = native
+    shared = (await client.conversations.create()).id  # (passed through to the upstream)
     for text in ("My badge number is 9981.", "What was my badge number?"):
         raw = await client.responses.with_raw_response.create(
-            model="gpt-4o", conversation="conv_shared", input=text, extra_headers=ALICE
+            model="gpt-4o", conversation=shared, input=text, extra_headers=ALICE
         )
-        assert raw.http_response.headers["x-memory-conversation-id"] == "conv_shared"
+        assert raw.http_response.headers["x-memory-conversation-id"] == shared
         assert raw.http_response.headers["x-memory-history-messages"] == "0"
     sent = app.responses_requests[-1]
-    assert sent["conversation"] == "conv_shared" and sent["input"] == "What was my badge number?"
+    assert sent["conversation"] == shared and sent["input"] == "What was my badge number?"
     assert "instructions" not in sent
 
 

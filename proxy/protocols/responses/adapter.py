@@ -23,11 +23,16 @@ from typing import Any
 
 import msgspec
 
-from proxy.core.errors import ProxyError
+from proxy.core.errors import BadRequest, ProxyError
 from proxy.pipeline.wire import NeutralTurn, WholeReply
 from proxy.protocols.responses.chat_stream import ChatToResponsesStream, encode_event
 from proxy.protocols.responses.from_chat import response_from_chat
-from proxy.protocols.responses.items import ParsedInput, messages_to_items, parse_input
+from proxy.protocols.responses.items import (
+    ParsedInput,
+    is_opaque,
+    messages_to_items,
+    parse_input,
+)
 from proxy.protocols.responses.observe import ResponsesAssembler, observe_body
 from proxy.protocols.responses.stored import new_response_id, response_record
 from proxy.protocols.responses.to_chat import chat_request
@@ -186,8 +191,18 @@ class ResponsesAPI:
         self.created_at = int(time.time())
         # memproxy's own extension: never forwarded.
         self.attachments = body.pop("attachments", None)
-        self.parsed: ParsedInput = parse_input(body)  # (a malformed item: 400, nothing stored)
-        self.messages = self.parsed.messages
+        parsed: ParsedInput = parse_input(body)  # (a malformed item: 400, nothing stored)
+        # The turn's messages leave out items with no chat equivalent (reasoning...): they go
+        # to a native upstream as they came, with the message before them, but are neither
+        # stored nor recalled, so a client sending a reasoning item back continues the
+        # conversation its reply was stored in.
+        kept = [
+            (m, o) for m, o in zip(parsed.messages, parsed.origin, strict=True) if not is_opaque(m)
+        ]
+        if not any(o is not None for _, o in kept):
+            raise BadRequest("'input' holds no message memproxy can read.", param="input")
+        self.messages = [m for m, _ in kept]
+        self.origin = [o for _, o in kept]
         if translate:  # (what translation cannot serve: 400 before anything is stored)
             chat_request(body, self.with_history(self.messages))
 
@@ -198,7 +213,7 @@ class ResponsesAPI:
             return messages
         head = (
             1
-            if messages[:1] and messages[0] is self.messages[0] and self.parsed.origin[:1] == [None]
+            if messages[:1] and messages[0] is self.messages[0] and self.origin[:1] == [None]
             else 0
         )
         return [*messages[:head], *self.history, *messages[head:]]
@@ -237,9 +252,10 @@ class ResponsesAPI:
             return self.body
         raw = self.body.get("input")
         items = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
-        origin = self.parsed.origin
+        origin = self.origin
         ends = [*(o for o in origin if o is not None), len(items)]
-        client = {id(m): i for i, m in enumerate(self.parsed.messages)}
+        first = ends[0]  # (items before the first message travel with it)
+        client = {id(m): i for i, m in enumerate(self.messages)}
         out: list[Any] = []
         context: list[str] = []
         stored_upstream = self.body.get("store") is not False
@@ -248,7 +264,8 @@ class ResponsesAPI:
             if i is not None:
                 start = origin[i]
                 if start is not None:  # (the instructions stay where they are)
-                    out.extend(items[start : next(e for e in ends if e > start)])
+                    end = next(e for e in ends if e > start)
+                    out.extend(items[0 if start == first else start : end])
             elif message.get("role") == "system" and stored_upstream:
                 context.append(str(message.get("content") or ""))
             else:

@@ -5,7 +5,9 @@ A `previous_response_id` names a response memproxy kept (storage/repositories/re
 on a translated upstream its whole chain is sent again, as the upstream would have kept it
 (each response's input items and output, in order; not earlier `instructions`, which the
 API does not carry over); on a native one the upstream keeps the chain, and memproxy only
-reads which conversation it continues. Either way the turn goes on in that conversation."""
+reads which conversation it continues. Either way the turn goes on in that conversation. A
+`conversation` is memproxy's on a translated upstream (its stored history is attached); a
+native upstream keeps the conversation's items itself, so none are sent again."""
 
 from __future__ import annotations
 
