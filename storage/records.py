@@ -24,11 +24,6 @@ class ConversationRecord:
     meta: dict[str, Any]
 
 
-# A message that is an item of another wire protocol kept whole (a Responses `reasoning` item,
-# say): stored with no text, never searched or recalled, sent back only to that protocol.
-OPAQUE_ITEM = "opaque_item"
-
-
 @dataclass(frozen=True, slots=True)
 class MessageRecord:
     pk: int
@@ -54,8 +49,6 @@ class MessageRecord:
             message["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
-        if OPAQUE_ITEM in self.meta:  # (an item of another protocol, kept whole)
-            message[OPAQUE_ITEM] = self.meta[OPAQUE_ITEM]
         return message
 
 

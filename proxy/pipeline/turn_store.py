@@ -34,13 +34,7 @@ from proxy.pipeline.turn import (
     new_conversation_id,
     now,
 )
-from storage.records import (
-    OPAQUE_ITEM,
-    ConversationRecord,
-    MessageRecord,
-    NewExchange,
-    NewMessage,
-)
+from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
@@ -85,7 +79,6 @@ def _new_messages(
             created_at=parse_timestamp(m["created_at"], "created_at")
             if "created_at" in m
             else None,
-            meta={OPAQUE_ITEM: m[OPAQUE_ITEM]} if OPAQUE_ITEM in m else {},
         )
         for m, h in zip(messages, hashes, strict=True)
     ]

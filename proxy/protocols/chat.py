@@ -16,7 +16,6 @@ from proxy.pipeline.wire import NeutralTurn, WholeReply
 from proxy.state import AppState
 from proxy.upstream.base import Upstream, UpstreamReply
 from proxy.upstream.sse import DONE, ReplyAssembler, event_data, reply_from_completion
-from storage.records import OPAQUE_ITEM
 
 
 class ChatReader:
@@ -98,8 +97,7 @@ class ChatCompletions:
     ) -> UpstreamReply:
         body = self.body
         if messages is not body["messages"]:
-            # (Items of another protocol kept whole, from a stored history, are for it alone.)
-            body = {**body, "messages": [m for m in messages if OPAQUE_ITEM not in m]}
+            body = {**body, "messages": messages}
         stream = body.get("stream") is True
         if stream:
             body = self._ask_for_usage(body, upstream)

@@ -36,9 +36,8 @@ from proxy.protocols.responses.parts import (
     chat_parts,
     responses_parts,
 )
-from storage.records import OPAQUE_ITEM
 
-OPAQUE = OPAQUE_ITEM
+OPAQUE = "opaque_item"
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 
