@@ -14,7 +14,6 @@ from functools import partial
 from typing import Any, TypeVar
 
 import structlog
-from sqlalchemy import Connection
 
 from proxy.core.config import ContextSettings
 from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
@@ -28,10 +27,10 @@ from proxy.pipeline.turn import (
     classify_into,
     now,
 )
-from proxy.pipeline.turn_store import begin_in, import_messages, opening
+from proxy.pipeline.turn_store import begin_in, opening
 from storage.database import Database
 from storage.errors import ConflictError, StorageTimeout
-from storage.records import ConversationRecord, NewExchange
+from storage.records import NewExchange
 
 log = structlog.get_logger("memproxy.memory")
 T = TypeVar("T")
@@ -185,17 +184,6 @@ class ConversationMemory:
                 return await asyncio.wait_for(work, self.timeout)
             except TimeoutError as exc:
                 raise StorageTimeout(f"storage took longer than {self.timeout:g} s") from exc
-
-    @staticmethod
-    def import_messages(
-        conn: Connection,
-        conversation: ConversationRecord,
-        messages: list[dict[str, Any]],
-        count: TokenCounter,
-    ) -> ConversationRecord:
-        """Append messages to a conversation without calling a model (management API).
-        `conversation` must have been read `for_update` in this transaction."""
-        return import_messages(conn, conversation, messages, count)
 
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
         """Store the reply (whole, partial or none) and close the exchange record."""

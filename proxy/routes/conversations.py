@@ -19,8 +19,8 @@ from proxy.core.errors import BadRequest, Conflict, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import check_messages, parse_json_object
 from proxy.pipeline.identify import CONVERSATION_ID
-from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.turn import ANONYMOUS, TokenCounter, new_conversation_id, now
+from proxy.pipeline.turn_store import import_messages
 from proxy.routes.api_types import (
     Conversation,
     ConversationList,
@@ -151,7 +151,7 @@ async def create_conversation(
             title=title,
         )
         if messages:
-            created = ConversationMemory.import_messages(conn, created, messages, count)
+            created = import_messages(conn, created, messages, count)
             queue_embedding(conn, services, created, 1)
         return created
 

@@ -18,8 +18,8 @@ from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest
 from proxy.core.json_responses import json_response
 from proxy.core.requests import check_messages, parse_json_object
-from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.turn import TokenCounter
+from proxy.pipeline.turn_store import import_messages
 from proxy.routes.api_types import AppendMessagesRequest, MessageList
 from proxy.routes.conversations import conversation_or_404, not_found, queue_embedding
 from proxy.routes.params import limit_param, page
@@ -102,7 +102,7 @@ async def append_messages(
         found = conversation_or_404(conn, principal.tenant_id, conversation_id, for_update=True)
         if found.user_id != owner:  # (deleted and its id given to another user's meanwhile)
             raise not_found(conversation_id)
-        updated = ConversationMemory.import_messages(conn, found, messages, count)
+        updated = import_messages(conn, found, messages, count)
         queue_embedding(conn, services, updated, found.next_seq)
         return Conversations(conn).messages(
             principal.tenant_id, updated.pk, after_seq=found.next_seq - 1, limit=len(messages)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -55,16 +56,33 @@ async def chat_completions(
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
     check_chat_request(body)
+    return await answer_turn_request(request, principal, services, body, chat_completion)
+
+
+TurnAnswer = Callable[
+    [Request[Any, Any, Any], Principal, AppState, dict[str, Any]], Awaitable[Response[Any]]
+]
+
+
+async def answer_turn_request(
+    request: Request[Any, Any, Any],
+    principal: Principal,
+    services: AppState,
+    body: dict[str, Any],
+    answer: TurnAnswer,
+) -> Response[Any]:
+    """A turn's route, once its body is checked: the model allow-list, what the access line
+    says, and (a whole reply) the client's leaving noticed while the turn is answered."""
     info = request_info(request.scope)
     model: str = body["model"]
     info.model = model
     info.stream = body.get("stream") is True
     check_model(principal, model)
     if info.stream:  # (a stream notices its client leaving as it relays)
-        return await chat_completion(request, principal, services, body)
+        return await answer(request, principal, services, body)
     watch = ClientWatch(request.receive)
     try:
-        return await chat_completion(request, principal, services, body)
+        return await answer(request, principal, services, body)
     finally:
         watch.end(info)
 

@@ -24,7 +24,6 @@ from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from policies.tokens import count_response_input
-from proxy.core.access import ClientWatch, request_info
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
@@ -32,7 +31,7 @@ from proxy.core.requests import check_responses_request, header_text, parse_json
 from proxy.protocols.responses.stored import deleted, input_item_list, item_list
 from proxy.protocols.responses.turn import create_response_turn
 from proxy.routes.api_types import Deleted
-from proxy.routes.openai import check_model, forward
+from proxy.routes.openai import answer_turn_request, check_model, forward
 from proxy.routes.params import limit_param
 from proxy.routes.reference import CHAT_HEADERS, api, json_body, openai_response, ref
 from proxy.state import AppState
@@ -72,18 +71,7 @@ async def create_response(
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
     check_responses_request(body)
-    info = request_info(request.scope)
-    model: str = body["model"]
-    info.model = model
-    info.stream = body.get("stream") is True
-    check_model(principal, model)
-    if info.stream:  # (a stream notices its client leaving as it relays)
-        return await create_response_turn(request, principal, services, body)
-    watch = ClientWatch(request.receive)
-    try:
-        return await create_response_turn(request, principal, services, body)
-    finally:
-        watch.end(info)
+    return await answer_turn_request(request, principal, services, body, create_response_turn)
 
 
 def _native(services: AppState, principal: Principal) -> bool:
@@ -108,6 +96,15 @@ def named_user(request: Request[Any, Any, Any]) -> str | None:
 
 def not_found(response_id: str) -> NotFound:
     return NotFound(f"Response with id '{response_id}' not found.")
+
+
+async def _native_only(
+    request: Request[Any, Any, Any], principal: Principal, services: AppState
+) -> Response[Any]:
+    """Passed through to a native upstream; on a translated one, a 400 saying why not."""
+    if _native(services, principal):
+        return await forward(request, principal, services, _path(request))
+    raise not_translatable(request, principal)
 
 
 def not_translatable(request: Request[Any, Any, Any], p: Principal) -> BadRequest:
@@ -300,9 +297,7 @@ async def cancel_response(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    if _native(services, principal):
-        return await forward(request, principal, services, _path(request))
-    raise not_translatable(request, principal)
+    return await _native_only(request, principal, services)
 
 
 @post(
@@ -320,9 +315,7 @@ async def compact(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    if _native(services, principal):
-        return await forward(request, principal, services, _path(request))
-    raise not_translatable(request, principal)
+    return await _native_only(request, principal, services)
 
 
 ROUTES = [

@@ -55,22 +55,26 @@ class OpenAIUpstream:
     async def chat_completions(
         self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
     ) -> UpstreamReply:
-        headers = {"content-type": "application/json", **self._auth}
-        if stream:
-            headers["accept"] = "text/event-stream"
-        reply = await self._send(
-            "POST", "/chat/completions", b"", headers, msgspec.json.encode(body), stream, sent
-        )
-        return self._readable(reply)
+        return await self._post("/chat/completions", body, stream, sent)
 
     async def responses(
         self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
     ) -> UpstreamReply:
+        return await self._post("/responses", body, stream, sent)
+
+    async def _post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        stream: bool,
+        sent: Callable[[], None] | None,
+    ) -> UpstreamReply:
+        """A request memproxy itself makes (a JSON body), its reply readable by a client."""
         headers = {"content-type": "application/json", **self._auth}
         if stream:
             headers["accept"] = "text/event-stream"
         reply = await self._send(
-            "POST", "/responses", b"", headers, msgspec.json.encode(body), stream, sent
+            "POST", path, b"", headers, msgspec.json.encode(body), stream, sent
         )
         return self._readable(reply)
 

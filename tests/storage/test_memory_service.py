@@ -22,6 +22,7 @@ from proxy.durability.spill import SpillFile
 from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.turn import Mode, Outcome, TokenCounter, Turn
+from proxy.pipeline.turn_store import import_messages
 from proxy.routes.users import erase_user
 from storage.database import Database
 from storage.models import EXCHANGES
@@ -550,7 +551,7 @@ async def test_an_imported_assistant_message_is_no_answer_to_a_live_turn(
     def add(conn: Connection) -> None:
         conv = Conversations(conn).get("t1", "c1", for_update=True)
         assert conv is not None
-        ConversationMemory.import_messages(conn, conv, [assistant("imported")], counter)
+        import_messages(conn, conv, [assistant("imported")], counter)
 
     await db.write(add)
     await answer(memory, first, "A1")
