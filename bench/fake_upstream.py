@@ -6,6 +6,15 @@ one content chunk, waits `--tail` seconds and only then ends; its last chunk car
 `upstream_end_ns`, the upstream's `time.monotonic_ns()` at that moment (one clock for every
 process on the machine), so a client can tell whether the first chunk reached it earlier.
 
+`POST /v1/responses` is answered like a chat completion: the same text ("fake reply to: " and
+the last user message), whole or streamed, a `response` object and event sequence as OpenAI's
+(those of the strict fake, tests/fakes/openai_responses.py, without its request validation and
+its stored responses, which would cost time and memory over thousands of requests). A stream
+is sent in as many chunks as the chat one, with the same delays: the events before the first
+text delta together (as the role chunk), one chunk per word, the `.done` events together (as
+the stop chunk), then `response.completed` with its usage at once (as the usage chunk and
+`[DONE]`). So a Responses stream's time to first token and length match the chat one's.
+
     python bench/fake_upstream.py --port 9000 --chunk-delay 0.002 --tail 0.3 [--latency 0.2]
 """
 
@@ -13,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import json
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -22,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvicorn
 
+from tests.fakes.openai_responses import _response, _stream
 from tests.fakes.openai_upstream import FakeOpenAI, Receive, Recorded, Reply, Send, sse
 
 TAIL_MODEL = "bench-slow-tail"
@@ -38,13 +51,19 @@ class BenchUpstream(FakeOpenAI):
         self.requests.clear()  # a run sends thousands of requests; keep memory flat
 
     def _default(self, request: Recorded) -> Reply:
+        responses = request.method == "POST" and request.path == "/v1/responses"
         if TAIL_MODEL.encode() in request.body:
-            return Reply(headers={_TAIL_MARK: "1"}, chunks=[])
+            return Reply(headers={_TAIL_MARK: "responses" if responses else "chat"}, chunks=[])
+        if responses:
+            return responses_reply(request.json())
         return super()._default(request)
 
     async def _send(self, reply: Reply, receive: Receive, send: Send) -> None:
         if _TAIL_MARK not in reply.headers:
             await super()._send(reply, receive, send)
+            return
+        if reply.headers[_TAIL_MARK] == "responses":
+            await self._send_responses_tail(send)
             return
         head = {"id": "chatcmpl-tail", "object": "chat.completion.chunk", "model": TAIL_MODEL}
         await send(
@@ -61,6 +80,95 @@ class BenchUpstream(FakeOpenAI):
         last = {"index": 0, "delta": {}, "finish_reason": "stop"}
         end = sse({**head, "choices": [last], "upstream_end_ns": time.monotonic_ns()})
         await send({"type": "http.response.body", "body": end + b"data: [DONE]\n\n"})
+
+    async def _send_responses_tail(self, send: Send) -> None:
+        """The tail stream as Responses events: up to the first text delta, `--tail` s, the
+        rest; `response.completed` carries `upstream_end_ns`."""
+        number = _next_id()
+        output = _message("first", number)
+        events = _stream(
+            _response({"model": TAIL_MODEL}, f"resp_{number}", output, _usage(1, "first"))
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        first = b"".join(events[:5])  # created, in_progress, item and part added, the delta
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await asyncio.sleep(self.tail)
+        completed = events[-1].split(b"\ndata: ", 1)
+        payload = json.loads(completed[1])
+        payload["upstream_end_ns"] = time.monotonic_ns()
+        end = completed[0] + b"\ndata: " + json.dumps(payload).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": b"".join(events[5:-1]) + end})
+
+
+# Every response and output item has an id of its own, as OpenAI's: memproxy keeps responses by id.
+_IDS = itertools.count(1)
+_RUN = secrets.token_hex(4)  # so two runs' ids differ too
+
+
+def _next_id() -> str:
+    return f"{_RUN}{next(_IDS):010d}"
+
+
+def _message(text: str, number: str) -> list[dict[str, Any]]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return [
+        {
+            "id": f"msg_{number}",
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+    ]
+
+
+def _usage(prompt: int, text: str) -> dict[str, Any]:
+    completion = len(text.split())
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _last_user_text(raw: Any) -> str:
+    if isinstance(raw, str):
+        return raw
+    for item in reversed(raw or []):
+        if item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            return " ".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+    return ""
+
+
+def responses_reply(body: dict[str, Any]) -> Reply:
+    """What the chat fake would say to `body`, as a Responses `response` or event stream."""
+    text = f"fake reply to: {_last_user_text(body.get('input'))}"
+    prompt = sum(len(str(i).split()) for i in [body.get("instructions"), body.get("input")] if i)
+    number = _next_id()
+    response = _response(body, f"resp_{number}", _message(text, number), _usage(prompt, text))
+    if not body.get("stream"):
+        return Reply(body=response)
+    events = _stream(response)
+    words = len(text.split(" "))
+    return Reply(
+        chunks=[
+            b"".join(events[:4]),  # created, in_progress, output_item.added, content_part.added
+            *events[4 : 4 + words],  # one output_text.delta per word
+            b"".join(events[4 + words : -1]),  # output_text, content_part, output_item .done
+            events[-1],  # response.completed, with the usage
+        ]
+    )
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The floor: the least any Python proxy adds, a bare Litestar + httpx pass-through.
 
-One shared keep-alive httpx client forwards the raw bytes of POST /v1/chat/completions to the
-upstream and relays the reply, a stream chunk by chunk. No auth, no parsing, no logging: what
-memproxy adds beyond this is its own cost.
+One shared keep-alive httpx client forwards the raw bytes of POST /v1/chat/completions (and of
+POST /v1/responses, the same way) to the upstream and relays the reply, a stream chunk by
+chunk. No auth, no parsing, no logging: what memproxy adds beyond this is its own cost.
 
     python bench/floor_proxy.py --upstream http://127.0.0.1:9000/v1 --port 9001
 """
@@ -31,11 +31,10 @@ def create_app(upstream: str) -> Litestar:
             app.state.client = client
             yield
 
-    @post("/v1/chat/completions", status_code=200)
-    async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
+    async def forward(request: Request[Any, Any, Any], path: str) -> Response[Any]:
         client: httpx.AsyncClient = request.app.state.client
         body = await request.body()
-        sent = client.build_request("POST", "/chat/completions", content=body, headers=_JSON)
+        sent = client.build_request("POST", path, content=body, headers=_JSON)
         reply = await client.send(sent, stream=True)
         media_type = reply.headers.get("content-type", "application/json")
         if not media_type.startswith("text/event-stream"):
@@ -52,8 +51,16 @@ def create_app(upstream: str) -> Litestar:
 
         return Stream(relay(), status_code=reply.status_code, media_type=media_type)
 
+    @post("/v1/chat/completions", status_code=200)
+    async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
+        return await forward(request, "/chat/completions")
+
+    @post("/v1/responses", status_code=200)
+    async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
+        return await forward(request, "/responses")
+
     # No logging config: Litestar's default would log httpx's line for every request.
-    return Litestar([chat], lifespan=[lifespan], logging_config=None)
+    return Litestar([chat, responses], lifespan=[lifespan], logging_config=None)
 
 
 def main() -> None:

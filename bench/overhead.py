@@ -19,11 +19,26 @@ memproxy opens a conversation and stores the turn and the reply each time, seque
 clients, a request whose message is that of a conversation still waiting for its reply
 continues it (a stored prefix), so concurrent requests share a few conversations.
 
+Two shapes, in the same run (`--shapes chat,responses`, both by default): chat completions
+(`POST /v1/chat/completions`, a `messages` list) and the Responses API (`POST /v1/responses`,
+the same message as an `input` list), which memproxy forwards natively to its `openai`
+upstream; the fake answers both with the same text and, streamed, in as many chunks with the
+same delays. Each scenario is measured in parts, the shapes taking turns part by part (a
+sequential part is a sixth of `--requests`, a concurrent one a round of segments), so drift
+hits both alike and each proxy's CPU time is counted per shape. `--requests` and
+`--concurrent-requests` are per target and shape. Each shape gets its own table, then a table
+of what every proxy adds over direct on the Responses shape against chat completions.
+
 With `--baseline-rev REV` (by default the commit that closed the conversation-memory issue)
 a fifth target, memproxy-prev, is memproxy at that revision (memory on), exported with `git
 archive` and run the same way: "accounting" is memproxy's p50 and TTFT minus memproxy-prev's,
-what cost accounting, limits and metrics added (target: at most ACCOUNTING_BUDGET_MS). Both
-serve a tenant with every limit set (high enough never to refuse), and a priced model.
+what cost accounting, limits and metrics added (target: at most ACCOUNTING_BUDGET_MS); with a
+later REV, it is what the commits since REV cost (the line "memproxy over memproxy-prev").
+Both serve a tenant with every limit set (high enough never to refuse), and a priced model.
+memproxy-prev is measured on a shape other than chat completions only if its revision serves
+it with memory (a request with memory on gets memproxy's `x-memory-status` header back; an
+older revision passes `POST /v1/responses` through without memory): otherwise the output says
+it was left out of that shape.
 
 "Added" is a target's p50 (or time to first token) minus direct's. The target: memproxy's
 added p50 and added TTFT at most 1.25x the floor's from the same run, and no buffering (the
@@ -32,6 +47,7 @@ the CPU time each proxy process used over the scenario per request (all its thre
 steadier figure than latency on a shared machine. Compare figures only within one run.
 
     .venv/bin/python bench/overhead.py [--requests 300] [--json figures.json] [--baseline-rev REV]
+        [--shapes chat,responses]
 """
 
 from __future__ import annotations
@@ -53,7 +69,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,6 +85,7 @@ ROOT = BENCH.parent
 TARGET_RATIO = 1.25
 API_KEY = "bench-key"
 CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
 # The fake answers "fake reply to: <prompt>" one word per chunk: with the role chunk, the stop
 # chunk and [DONE], this prompt makes a stream of 10 chunks.
 PROMPT = "say hi please now"
@@ -82,6 +98,8 @@ ACCOUNTING_BUDGET_MS = 1.0
 # core, which the 1.25x target is about. memproxy (memory on) must add at most
 # MEMORY_BUDGET_MS p50 over it (the conversation-memory issue's target).
 MEMORY_BUDGET_MS = 2.0
+# A sequential scenario is measured in this many parts, the shapes taking turns part by part.
+SEQUENTIAL_PARTS = 6
 SCENARIOS = (
     ("non-stream seq", False, False),
     ("stream seq", True, False),
@@ -285,11 +303,38 @@ class Reply(Protocol):
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
 
+@dataclass(frozen=True)
+class Shape:
+    """A wire protocol the targets are measured on: its route and its request bodies."""
+
+    name: str
+    path: str
+
+    @property
+    def label(self) -> str:
+        return f"POST {self.path}"
+
+
+SHAPES = {"chat": Shape("chat", CHAT_PATH), "responses": Shape("responses", RESPONSES_PATH)}
+
+
 @dataclass
 class Target:
     name: str
-    post: Callable[[bytes], AbstractAsyncContextManager[Reply]]
+    post: Callable[[str, bytes], AbstractAsyncContextManager[Reply]]
     close: Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Lane:
+    """One target on one shape: what the targets take turns between."""
+
+    target: Target
+    shape: Shape
+
+    @property
+    def name(self) -> str:
+        return self.target.name
 
 
 @dataclass
@@ -304,20 +349,44 @@ class Samples:
     errors: list[str] = field(default_factory=list)
 
 
-def payload(stream: bool, model: str = "gpt-4o-mini") -> bytes:
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
+def payload(stream: bool, model: str = "gpt-4o-mini", shape: str = "chat") -> bytes:
+    """The one-message first turn: `messages` of a chat completion, or a Responses `input`."""
+    message = {"role": "user", "content": PROMPT}
+    body: dict[str, Any] = {"model": model}
+    body["input" if shape == "responses" else "messages"] = [message]
     if stream:
         body["stream"] = True
     return json.dumps(body).encode()
 
 
-BODIES = {False: payload(False), True: payload(True)}
+BODIES = {
+    (shape, stream): payload(stream, shape=shape) for shape in SHAPES for stream in (False, True)
+}
+# A Responses stream must end with its `response.completed` event (a whole response, about 2
+# kB here): the last bytes of a stream are kept to look for it.
+COMPLETED = b"event: response.completed"
+TAIL_BYTES = 16384
 
 
-def first_content(buffer: bytes) -> tuple[bool, bytes]:
-    """Whether a complete SSE event in `buffer` carries content; the unparsed rest."""
+def sse_data(event: bytes) -> bytes | None:
+    """The data of one SSE event (a Responses event has an `event:` line first)."""
+    if event.startswith(b"data: "):
+        return event[6:].split(b"\n", 1)[0]
+    found = event.find(b"\ndata: ")
+    return None if found < 0 else event[found + 7 :].split(b"\n", 1)[0]
+
+
+def first_content(buffer: bytes, shape: str = "chat") -> tuple[bool, bytes]:
+    """Whether a complete SSE event in `buffer` carries content (a chat chunk's `delta.content`,
+    a Responses `response.output_text.delta`); the unparsed rest."""
     while b"\n\n" in buffer:
         event, buffer = buffer.split(b"\n\n", 1)
+        if shape == "responses":
+            if event.startswith(b"event: response.output_text.delta\n"):
+                data = sse_data(event)
+                if data is not None and json.loads(data).get("delta"):
+                    return True, buffer
+            continue
         if not event.startswith(b"data: ") or event == b"data: [DONE]":
             continue
         choices = json.loads(event[6:]).get("choices") or [{}]
@@ -326,82 +395,102 @@ def first_content(buffer: bytes) -> tuple[bool, bytes]:
     return False, buffer
 
 
-async def measure(target: Target, stream: bool) -> Sample:
-    """One request; raises on anything but a complete 200 reply with content."""
+async def measure(lane: Lane, stream: bool) -> Sample:
+    """One request; raises on anything but a complete 200 reply with content (a Responses
+    stream: ending with `response.completed`)."""
+    shape = lane.shape.name
+    responses = shape == "responses"
     ttft: float | None = None
     buffer = b""
+    tail = b""
     started = time.perf_counter()
-    async with target.post(BODIES[stream]) as response:
+    async with lane.target.post(lane.shape.path, BODIES[shape, stream]) as response:
         async for chunk in response.aiter_raw():
             if ttft is None:
                 buffer += chunk
                 if stream and response.status_code == 200:
-                    found, buffer = first_content(buffer)
+                    found, buffer = first_content(buffer, shape)
                     if found:
                         ttft = time.perf_counter() - started
+            elif responses:
+                tail = (tail + chunk)[-TAIL_BYTES:]
     latency = time.perf_counter() - started
     if response.status_code != 200:
         raise RuntimeError(f"{response.status_code} {buffer[:200]!r}")
     if stream and ttft is None:
         raise RuntimeError("stream ended without a content chunk")
-    if not stream and b'"content"' not in buffer:
+    if stream and responses and COMPLETED not in buffer + tail:
+        raise RuntimeError(f"stream ended without response.completed: {(buffer + tail)[-200:]!r}")
+    if not stream and (b'"output_text"' if responses else b'"content"') not in buffer:
         raise RuntimeError(f"reply without content: {buffer[:200]!r}")
     return Sample(latency, ttft)
 
 
-async def record(target: Target, stream: bool, into: dict[str, Samples]) -> None:
+async def record(lane: Lane, stream: bool, into: dict[str, Samples]) -> None:
     try:
-        into[target.name].ok.append(await measure(target, stream))
+        into[lane.name].ok.append(await measure(lane, stream))
     except (OSError, httpx.HTTPError, ProtocolError, RuntimeError, ValueError) as exc:
-        into[target.name].errors.append(f"{type(exc).__name__}: {exc}")
+        into[lane.name].errors.append(f"{type(exc).__name__}: {exc}")
 
 
-def rotated(targets: list[Target], i: int) -> list[Target]:
+def rotated(targets: list[Any], i: int) -> list[Any]:
     """The targets in turn, each round starting with the next one, so none always goes first."""
     k = i % len(targets)
     return targets[k:] + targets[:k]
 
 
-async def sequential(targets: list[Target], n: int, stream: bool) -> dict[str, Samples]:
-    out = {t.name: Samples() for t in targets}
-    for i in range(n):
-        for target in rotated(targets, i):
-            await record(target, stream, out)
+async def sequential(
+    lanes: list[Lane], n: int, stream: bool, start: int = 0, into: dict[str, Samples] | None = None
+) -> dict[str, Samples]:
+    """`n` rounds, one request to each lane per round (the first round starting at `start`);
+    samples added to `into`, if given."""
+    out = into if into is not None else {lane.name: Samples() for lane in lanes}
+    for i in range(start, start + n):
+        for lane in rotated(lanes, i):
+            await record(lane, stream, out)
     return out
 
 
 async def concurrent(
-    targets: list[Target], n: int, stream: bool, clients: int, segment: int
+    lanes: list[Lane],
+    n: int,
+    stream: bool,
+    clients: int,
+    segment: int,
+    start: int = 0,
+    into: dict[str, Samples] | None = None,
 ) -> dict[str, Samples]:
-    """`clients` concurrent clients per target, targets taking turns every `segment` requests
-    per client; about `n` requests per target."""
-    out = {t.name: Samples() for t in targets}
+    """`clients` concurrent clients per lane, lanes taking turns every `segment` requests
+    per client; about `n` requests per lane (`start`, `into`: as `sequential`)."""
+    out = into if into is not None else {lane.name: Samples() for lane in lanes}
 
-    async def client_loop(target: Target) -> None:
+    async def client_loop(lane: Lane) -> None:
         for _ in range(segment):
-            await record(target, stream, out)
+            await record(lane, stream, out)
 
     rounds = max(1, math.ceil(n / (clients * segment)))
-    for r in range(rounds):
-        for target in rotated(targets, r):
-            await asyncio.gather(*(client_loop(target) for _ in range(clients)))
+    for r in range(start, start + rounds):
+        for lane in rotated(lanes, r):
+            await asyncio.gather(*(client_loop(lane) for _ in range(clients)))
     return out
 
 
-async def no_buffering(target: Target) -> dict[str, Any]:
+async def no_buffering(lane: Lane) -> dict[str, Any]:
     """Stream a reply whose upstream waits `--tail` s before its end: the first chunk must
     reach the client before the upstream's end, not with it."""
     first_ns: int | None = None
     end_ns: int | None = None
     buffer = b""
-    async with target.post(payload(True, TAIL_MODEL)) as response:
+    body = payload(True, TAIL_MODEL, lane.shape.name)
+    async with lane.target.post(lane.shape.path, body) as response:
         async for chunk in response.aiter_raw():
             if first_ns is None:
                 first_ns = time.monotonic_ns()
             buffer += chunk
     for event in buffer.split(b"\n\n"):
-        if b"upstream_end_ns" in event:
-            end_ns = json.loads(event[6:])["upstream_end_ns"]
+        data = sse_data(event) if b"upstream_end_ns" in event else None
+        if data is not None:
+            end_ns = json.loads(data)["upstream_end_ns"]
     if first_ns is None or end_ns is None:
         return {"pass": False, "first_chunk_before_end_ms": None, "detail": buffer[:200].decode()}
     lead = (end_ns - first_ns) / 1e6
@@ -526,7 +615,11 @@ def ratio_text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
-def table(results: dict[str, dict[str, Any]], buffering: dict[str, dict[str, Any]]) -> str:
+def table(
+    results: dict[str, dict[str, Any]],
+    buffering: dict[str, dict[str, Any]],
+    baseline_rev: str | None = None,
+) -> str:
     head = (
         f"{'scenario':<16}{'target':<15}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'ttft p50':>10}"
         f"{'added p50':>11}{'added ttft':>12}{'cpu/req':>9}"
@@ -560,8 +653,9 @@ def table(results: dict[str, dict[str, Any]], buffering: dict[str, dict[str, Any
         if "accounting_target_met" in result:
             verdict = "met" if result["accounting_target_met"] else "NOT met"
             ttft_added = result["accounting_added_ttft_p50_ms"]
+            rev = f" at {baseline_rev}" if baseline_rev else ""
             lines.append(
-                f"{'':<16}accounting (memproxy over memproxy-prev): p50 "
+                f"{'':<16}memproxy over memproxy-prev{rev}: p50 "
                 f"{fmt(result['accounting_added_p50_ms'], True)} ms"
                 + ("" if ttft_added is None else f", ttft {fmt(ttft_added, True)} ms")
                 + f"  -> <= {ACCOUNTING_BUDGET_MS:.0f} ms {verdict}"
@@ -575,27 +669,72 @@ def table(results: dict[str, dict[str, Any]], buffering: dict[str, dict[str, Any
     return "\n".join(lines)
 
 
+COMPARED = ("floor", "memproxy-off", "memproxy")
+
+
+def compare_shapes(chat: dict[str, Any], responses: dict[str, Any]) -> dict[str, Any]:
+    """Per scenario and target, what each adds over direct on the Responses shape and on chat
+    completions (and their CPU per request), and the Responses shape's extra."""
+    out: dict[str, Any] = {}
+    for scenario, result in responses.items():
+        rows: dict[str, Any] = {}
+        for name in COMPARED:
+            c, r = chat[scenario]["targets"].get(name), result["targets"].get(name)
+            if c is None or r is None:
+                continue
+            row: dict[str, Any] = {}
+            for key in ("added_p50_ms", "added_ttft_p50_ms", "cpu_ms_per_request"):
+                row["chat_" + key], row["responses_" + key] = c[key], r[key]
+                both = c[key] is not None and r[key] is not None
+                row["extra_" + key] = round(r[key] - c[key], 3) if both else None
+            rows[name] = row
+        out[scenario] = rows
+    return out
+
+
+def comparison_table(rows: dict[str, Any]) -> str:
+    head = (
+        f"{'scenario':<16}{'target':<15}{'chat p50':>10}{'resp p50':>10}{'extra':>8}"
+        f"{'chat ttft':>11}{'resp ttft':>11}{'extra':>8}{'chat cpu':>10}{'resp cpu':>10}"
+    )
+    lines = [
+        "POST /v1/responses against POST /v1/chat/completions (added over direct in ms; cpu/req):",
+        head,
+        "-" * len(head),
+    ]
+    for scenario, targets in rows.items():
+        for i, (name, row) in enumerate(targets.items()):
+            lines.append(
+                f"{scenario if i == 0 else '':<16}{name:<15}"
+                f"{fmt(row['chat_added_p50_ms'], True):>10}"
+                f"{fmt(row['responses_added_p50_ms'], True):>10}"
+                f"{fmt(row['extra_added_p50_ms'], True):>8}"
+                f"{fmt(row['chat_added_ttft_p50_ms'], True):>11}"
+                f"{fmt(row['responses_added_ttft_p50_ms'], True):>11}"
+                f"{fmt(row['extra_added_ttft_p50_ms'], True):>8}"
+                f"{fmt(row['chat_cpu_ms_per_request']):>10}"
+                f"{fmt(row['responses_cpu_ms_per_request']):>10}"
+            )
+    return "\n".join(lines)
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
-def httpx_post(client: httpx.AsyncClient) -> Callable[[bytes], AbstractAsyncContextManager[Reply]]:
-    def post(body: bytes) -> AbstractAsyncContextManager[Reply]:
-        return client.stream("POST", CHAT_PATH, content=body)
+def httpx_post(
+    client: httpx.AsyncClient,
+) -> Callable[[str, bytes], AbstractAsyncContextManager[Reply]]:
+    def post(path: str, body: bytes) -> AbstractAsyncContextManager[Reply]:
+        return client.stream("POST", path, content=body)
 
     return post
 
 
 def targets_for(servers_: dict[str, Server], args: argparse.Namespace) -> list[Target]:
-    """One keep-alive client per target."""
+    """One keep-alive client per target (for every shape)."""
     targets = []
     for name in servers_:
-        headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
-        if name == "memproxy-off":
-            headers["x-memory-mode"] = "off"
-        elif name in ("memproxy", PREVIOUS) and args.memory_mode:
-            headers["x-memory-mode"] = args.memory_mode
-        if args.user:
-            headers["x-memory-user-id"] = args.user
+        headers = headers_for(name, args)
         base = servers_[name].url
         if args.client == "httpx":
             pool = args.concurrency * 2
@@ -604,43 +743,141 @@ def targets_for(servers_: dict[str, Server], args: argparse.Namespace) -> list[T
             targets.append(Target(name, httpx_post(client), client.aclose))
         else:
             raw = http1.Client(base, headers)
-            targets.append(Target(name, partial(raw.post, CHAT_PATH), raw.aclose))
+            targets.append(Target(name, raw.post, raw.aclose))
     return targets
+
+
+def headers_for(name: str, args: argparse.Namespace) -> dict[str, str]:
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    if name == "memproxy-off":
+        headers["x-memory-mode"] = "off"
+    elif name in ("memproxy", PREVIOUS) and args.memory_mode:
+        headers["x-memory-mode"] = args.memory_mode
+    if args.user:
+        headers["x-memory-user-id"] = args.user
+    return headers
+
+
+async def without_memory(server: Server, shape: Shape, args: argparse.Namespace) -> str | None:
+    """Why `server` (a memproxy) does not serve `shape` with memory, or None if it does: one
+    request with memory on, whose reply must carry memproxy's `x-memory-status` header (a
+    revision older than a protocol's memory route passes the request through without it)."""
+    headers = {**headers_for("memproxy", args), "x-memory-mode": "full"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as client:
+        reply = await client.post(shape.path, content=BODIES[shape.name, False])
+    if reply.status_code != 200:
+        return f"it answers {shape.label} with {reply.status_code}: {reply.text[:200]}"
+    if "x-memory-status" not in reply.headers:
+        return f"it passes {shape.label} through without memory (no x-memory-status header)"
+    return None
+
+
+async def skipped_targets(
+    servers_: dict[str, Server], shapes: list[Shape], args: argparse.Namespace
+) -> dict[str, dict[str, str]]:
+    """Per shape, the targets left out and why: memproxy-prev on a shape its revision serves
+    without memory. (Chat completions: every revision has memory on them.)"""
+    skipped: dict[str, dict[str, str]] = {shape.name: {} for shape in shapes}
+    for shape in shapes:
+        if shape.name == "chat":
+            continue
+        if (why := await without_memory(servers_["memproxy"], shape, args)) is not None:
+            raise SystemExit(f"memproxy: {why}")
+        if PREVIOUS in servers_:
+            why = await without_memory(servers_[PREVIOUS], shape, args)
+            if why is not None:
+                skipped[shape.name][PREVIOUS] = why
+    return skipped
+
+
+def split(n: int, parts: int) -> list[int]:
+    """`n` in `parts` near-equal sizes (none empty)."""
+    parts = max(1, min(n, parts))
+    return [n // parts + (i < n % parts) for i in range(parts)]
 
 
 async def run(args: argparse.Namespace, servers_: dict[str, Server]) -> dict[str, Any]:
     targets = targets_for(servers_, args)
+    shapes = [SHAPES[name] for name in args.shapes]
     try:
+        skipped = await skipped_targets(servers_, shapes, args)
+        lanes = {
+            shape.name: [Lane(t, shape) for t in targets if t.name not in skipped[shape.name]]
+            for shape in shapes
+        }
+        every = [lane for shape in shapes for lane in lanes[shape.name]]
         # Every code path once, before anything counts.
         for stream in (False, True):
-            await sequential(targets, args.warmup, stream)
-        results: dict[str, dict[str, Any]] = {}
+            await sequential(every, args.warmup, stream)
+        results: dict[str, dict[str, Any]] = {shape.name: {} for shape in shapes}
         pids = {name: server.process.pid for name, server in servers_.items() if name != "direct"}
         for scenario, stream, parallel in SCENARIOS:
             # Warm the connections this scenario needs, the proxies' upstream pools included
             # (uvicorn closes connections idle for 5 s, e.g. during the sequential stream run).
             if parallel:
-                await concurrent(targets, args.concurrency * 2, stream, args.concurrency, 2)
+                await concurrent(every, args.concurrency * 2, stream, args.concurrency, 2)
             else:
-                await sequential(targets, args.warmup // 3 + 1, stream)
+                await sequential(every, args.warmup // 3 + 1, stream)
             gc.collect()
             started = time.monotonic()
-            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            samples = {
+                shape.name: {lane.name: Samples() for lane in lanes[shape.name]} for shape in shapes
+            }
+            cpu: dict[str, dict[str, float | None]] = {
+                shape.name: dict.fromkeys(pids, 0.0) for shape in shapes
+            }
+            # The shapes take turns in parts (a concurrent part is one round of segments), so
+            # drift hits both alike and each proxy's CPU time is counted per shape.
             if parallel:
-                samples = await concurrent(
-                    targets, args.concurrent_requests, stream, args.concurrency, args.segment
-                )
+                per_round = args.concurrency * args.segment
+                sizes = [per_round] * max(1, math.ceil(args.concurrent_requests / per_round))
             else:
-                samples = await sequential(targets, args.requests, stream)
-            cpu: dict[str, float | None] = {}
-            for name, pid in pids.items():
-                before, after = cpu_before[name], cpu_seconds(pid)
-                cpu[name] = None if before is None or after is None else after - before
-            results[scenario] = summarize(samples, stream, cpu)
+                sizes = split(args.requests, SEQUENTIAL_PARTS)
+            done = 0
+            for part, size in enumerate(sizes):
+                for shape in rotated(shapes, part):
+                    into = samples[shape.name]
+                    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                    if parallel:
+                        await concurrent(
+                            lanes[shape.name],
+                            size,
+                            stream,
+                            args.concurrency,
+                            args.segment,
+                            start=part,
+                            into=into,
+                        )
+                    else:
+                        await sequential(lanes[shape.name], size, stream, start=done, into=into)
+                    for name, pid in pids.items():
+                        used, after = cpu[shape.name][name], cpu_seconds(pid)
+                        start = before[name]
+                        cpu[shape.name][name] = (
+                            None
+                            if used is None or start is None or after is None
+                            else used + after - start
+                        )
+                done += size
+            for shape in shapes:
+                results[shape.name][scenario] = summarize(
+                    samples[shape.name], stream, cpu[shape.name]
+                )
             took = time.monotonic() - started
             print(f"  {scenario}: {took:.1f} s", file=sys.stderr, flush=True)
-        buffering = {t.name: await no_buffering(t) for t in targets}
-        return {"scenarios": results, "no_buffering": buffering}
+        return {
+            "shapes": {
+                shape.name: {
+                    "path": shape.path,
+                    "scenarios": results[shape.name],
+                    "no_buffering": {
+                        lane.name: await no_buffering(lane) for lane in lanes[shape.name]
+                    },
+                    "skipped": skipped[shape.name],
+                }
+                for shape in shapes
+            }
+        }
     finally:
         for target in targets:
             await target.close()
@@ -655,13 +892,32 @@ def run_loop(main: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> dict[st
         return runner.run(main())
 
 
+def shape_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SHAPES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(SHAPES)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="memproxy's added latency vs a bare pass-through, in one interleaved run."
     )
-    parser.add_argument("--requests", type=int, default=300, help="per target, sequential")
     parser.add_argument(
-        "--concurrent-requests", type=int, default=640, help="about this many per target, c32"
+        "--requests", type=int, default=300, help="per target and shape, sequential"
+    )
+    parser.add_argument(
+        "--concurrent-requests",
+        type=int,
+        default=640,
+        help="about this many per target and shape, c32",
+    )
+    parser.add_argument(
+        "--shapes",
+        type=shape_list,
+        default=list(SHAPES),
+        help="wire protocols to measure, comma-separated (default: chat,responses)",
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
@@ -701,11 +957,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print("starting servers...", file=sys.stderr, flush=True)
     with servers(args) as servers_:
-        print("measuring (direct, floor and memproxy interleaved)...", file=sys.stderr, flush=True)
+        print(
+            f"measuring {', '.join(args.shapes)} (direct, floor and memproxy interleaved)...",
+            file=sys.stderr,
+            flush=True,
+        )
         figures = run_loop(lambda: run(args, servers_))
-    buffering_ok = all(c["pass"] for c in figures["no_buffering"].values())
-    met = all(s["target_met"] for s in figures["scenarios"].values()) and buffering_ok
+    shapes = figures["shapes"]
+    buffering_ok = all(c["pass"] for f in shapes.values() for c in f["no_buffering"].values())
+    met = buffering_ok and all(
+        s["target_met"] for f in shapes.values() for s in f["scenarios"].values()
+    )
     figures["target_met"] = met
+    if "chat" in shapes:  # where they were before the Responses shape
+        figures["scenarios"] = shapes["chat"]["scenarios"]
+        figures["no_buffering"] = shapes["chat"]["no_buffering"]
+    if "chat" in shapes and "responses" in shapes:
+        figures["responses_vs_chat"] = compare_shapes(
+            shapes["chat"]["scenarios"], shapes["responses"]["scenarios"]
+        )
     figures["settings"] = {
         k: getattr(args, k)
         for k in (
@@ -720,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
             "baseline_rev",
             "baseline_database_url",
             "memproxy_log_level",
+            "shapes",
         )
     }
     figures["machine"] = {
@@ -727,8 +998,17 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
     }
-    print()
-    print(table(figures["scenarios"], figures["no_buffering"]))
+    for name, shape in shapes.items():
+        print()
+        print(SHAPES[name].label)
+        for target, why in shape["skipped"].items():
+            rev = f" ({args.baseline_rev})" if target == PREVIOUS else ""
+            print(f"  {target}{rev} not measured on {SHAPES[name].label}: {why}")
+        print()
+        print(table(shape["scenarios"], shape["no_buffering"], args.baseline_rev or None))
+    if "responses_vs_chat" in figures:
+        print()
+        print(comparison_table(figures["responses_vs_chat"]))
     print()
     print(
         f"target (added p50 and TTFT <= {TARGET_RATIO}x the floor's, no buffering): "
