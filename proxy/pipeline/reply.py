@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import structlog
 from sqlalchemy import Connection
 
 from policies.extraction import JOB_KIND as EXTRACTION
@@ -24,6 +25,7 @@ from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 from storage.repositories.responses import Responses
 
+log = structlog.get_logger("memproxy.pipeline")
 # A reply's status when the upstream's message is not one a client could send back.
 MALFORMED = "malformed"
 
@@ -114,7 +116,9 @@ def finish_in(
         # (not deleted, or its user erased, while the upstream answered).
         conv = Conversations(conn).still(turn.tenant_id, conv.id, conv.pk, conv.user_id)
     if keep is not None:  # (the protocol's object for the reply: a Responses API response)
-        Responses(conn).save(replace(keep, conversation_id=conv.id if conv else None))
+        record = replace(keep, conversation_id=conv.id if conv else None)
+        if not Responses(conn).keep(record):  # (the reply is stored all the same)
+            log.warning("response_id_taken", request_id=turn.request_id, response=keep.id)
     if turn.pending is not None:  # nothing was written for it yet
         Exchanges(conn).insert_finished([turn.pending.row() | fields])
     else:

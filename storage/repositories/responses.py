@@ -50,6 +50,15 @@ class Responses:
         except IntegrityError as exc:
             raise ConflictError(f"response {record.id!r} exists") from exc
 
+    def keep(self, record: ResponseRecord) -> bool:
+        """Keep a response unless the tenant has one with its id already (an upstream that
+        gave an id twice): whether it was kept. Never fails the transaction it is in."""
+        taken = select(R.c.id).where(R.c.tenant_id == record.tenant_id, R.c.id == record.id)
+        if self.conn.execute(taken).first() is not None:
+            return False
+        self.save(record)
+        return True
+
     def get(
         self, tenant_id: str, response_id: str, user_id: str | None = None
     ) -> ResponseRecord | None:

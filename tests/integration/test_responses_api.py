@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from proxy.core.config import Config, UpstreamConfig
 from tests.conftest import KEY, make_config
-from tests.fakes.openai_responses import FakeResponses
-from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.openai_responses import FakeResponses, response_object
+from tests.fakes.openai_upstream import FakeOpenAI, Reply
 from tests.fakes.server import ServerThread
 from tests.openapi_check import assert_openai_shape
 from tests.responses_check import check_stream
@@ -452,3 +452,34 @@ async def test_mode_off_keeps_no_response_even_with_an_idempotency_key(
     )
     with pytest.raises(openai.NotFoundError):
         await echo.responses.retrieve(off.id, extra_headers=ALICE)
+
+
+async def test_an_upstream_giving_one_response_id_twice_still_gets_both_turns_stored(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    """The second response is not kept under the id (the first is); its turn and reply are
+    stored all the same, not spilled as a failed write."""
+    app, client = native
+    output = [
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "same", "annotations": []}],
+        }
+    ]
+    usage = {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}
+    for _ in range(2):
+        body = response_object({"model": "gpt-4o"}, "resp_same", output, usage)
+        app.script.append(Reply(body=body))
+    headers = {**ALICE, "X-Memory-Conversation-Id": "twice"}
+    for text in ("first", "second"):
+        raw = await client.responses.with_raw_response.create(
+            model="gpt-4o", input=text, extra_headers=headers
+        )
+        assert raw.http_response.headers["x-memory-status"] == "ok"
+    base = str(client.base_url).rstrip("/")
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
+        listed = await http.get(f"{base}/memory/conversations/twice/messages")
+    assert [m["content"] for m in listed.json()["data"]] == ["first", "same", "second", "same"]
