@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvicorn
 
-from tests.fakes.openai_responses import _response, _stream
+from tests.fakes.openai_responses import response_object, stream_events
 from tests.fakes.openai_upstream import FakeOpenAI, Receive, Recorded, Reply, Send, sse
 
 TAIL_MODEL = "bench-slow-tail"
@@ -86,8 +86,8 @@ class BenchUpstream(FakeOpenAI):
         rest; `response.completed` carries `upstream_end_ns`."""
         number = _next_id()
         output = _message("first", number)
-        events = _stream(
-            _response({"model": TAIL_MODEL}, f"resp_{number}", output, _usage(1, "first"))
+        events = stream_events(
+            response_object({"model": TAIL_MODEL}, f"resp_{number}", output, _usage(1, "first"))
         )
         await send(
             {
@@ -156,10 +156,10 @@ def responses_reply(body: dict[str, Any]) -> Reply:
     text = f"fake reply to: {_last_user_text(body.get('input'))}"
     prompt = sum(len(str(i).split()) for i in [body.get("instructions"), body.get("input")] if i)
     number = _next_id()
-    response = _response(body, f"resp_{number}", _message(text, number), _usage(prompt, text))
+    response = response_object(body, f"resp_{number}", _message(text, number), _usage(prompt, text))
     if not body.get("stream"):
         return Reply(body=response)
-    events = _stream(response)
+    events = stream_events(response)
     words = len(text.split(" "))
     return Reply(
         chunks=[

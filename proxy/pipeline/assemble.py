@@ -7,6 +7,7 @@ policies/context.py's; this module reads what they need."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,7 +58,10 @@ async def assemble_turn(
     use_memory: bool,
     by_policy: dict[str, Any] | None,
     question: asyncio.Task[Vector | None] | None,
+    paid: Callable[[Attached], None] = lambda _: None,
 ) -> Assembled:
+    """`paid` hears of the attachments' model calls (planner, summaries) as soon as they are
+    made: they are charged even if the turn goes no further."""
     turn, tenant, messages = loaded.turn, req.principal.tenant, req.turn.messages
     if turn is not None and turn.pending is not None and not loaded.inline:
         # Mode off, with no documents of its own: nothing to attach or to work out.
@@ -74,6 +78,7 @@ async def assemble_turn(
     attach = turn is not None and use_memory and req.turn.attach_history
     history = turn.history if turn is not None and attach else []
     attached = await _attach(req, loaded, history, budget, use_memory)
+    paid(attached)
     left = ctx.token_budget - attached.tokens
     recall_budget = left
     if history:
@@ -108,9 +113,10 @@ async def assemble_turn(
     if history or section is not None:
         client_tokens = None
         if window is not None:
-            client_tokens = upper_bound_tokens(messages)
+            clients = [*req.turn.prefix, *messages]  # (all the upstream gets of the client's)
+            client_tokens = upper_bound_tokens(clients)
             if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
-                client_tokens = await asyncio.to_thread(count_messages, messages, req.turn.model)
+                client_tokens = await asyncio.to_thread(count_messages, clients, req.turn.model)
         assembly = assemble(
             messages,
             history,

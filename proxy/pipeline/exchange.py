@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -20,6 +21,7 @@ from proxy.core.auth import Principal
 from proxy.core.errors import ProxyError, RateLimited
 from proxy.core.requests import parse_inline
 from proxy.pipeline.account import Ledger
+from proxy.pipeline.artifacts import Attached
 from proxy.pipeline.assemble import Assembled, assemble_turn
 from proxy.pipeline.classify import TurnIntent
 from proxy.pipeline.headers import memory_headers
@@ -182,9 +184,12 @@ class TurnExchange:
             use_memory=use_memory,
             by_policy=self.intent.by_policy,
             question=self.ledger.question,
+            paid=self._paid,
         )
         self.attached = self.assembled.record
-        self.ledger.calls = list(self.assembled.artifacts.calls)
+
+    def _paid(self, attached: Attached) -> None:
+        self.ledger.calls = list(attached.calls)
 
     def classify_later(self) -> None:
         """Mode off: the keyword intent left for later, found now (once), for the record."""
@@ -230,7 +235,8 @@ class TurnExchange:
     async def _count_prompt(self) -> int:
         """The prompt's tokens: the client's messages counted now, plus the stored ones the
         proxy attached (counted when they were stored)."""
-        client = await count_prompt(self.req.turn.messages, self.req.turn.model)
+        turn = self.req.turn
+        client = await count_prompt([*turn.prefix, *turn.messages], turn.model)
         assembly = self.assembled.assembly
         return client + (assembly.context_tokens if assembly else 0)
 
@@ -251,9 +257,11 @@ class TurnExchange:
         turn = self.loaded.turn
         if native is None or turn is None or turn.mode == "off":
             return None  # (mode off stores nothing of the conversation's)
-        return self.wire.keep(
+        kept = self.wire.keep(
             native, tenant_id=turn.tenant_id, user_id=turn.user_id, request_id=self.req.request_id
         )
+        # (dated when the request began: an erasure since then keeps it out)
+        return None if kept is None else replace(kept, created_at=self.req.started_at)
 
     async def settle(self, outcome: Outcome) -> None:
         """Count the exchange (metrics, the tenant's limits) and record it, once."""

@@ -86,7 +86,7 @@ class StreamWatch:
         except Exception:
             self.broken = "a chunk the proxy could not read"
             log.warning("stream_not_understood", request_id=self.request_id, exc_info=True)
-        return raw
+        return self.reader.unread(raw)
 
     def end(self, status: str, error: str | None) -> StreamEnd:
         reader = self.reader

@@ -115,9 +115,15 @@ def finish_in(
         # Nothing stored now: work is queued for the conversation only if it is still there
         # (not deleted, or its user erased, while the upstream answered).
         conv = Conversations(conn).still(turn.tenant_id, conv.id, conv.pk, conv.user_id)
-    if keep is not None:  # (the protocol's object for the reply: a Responses API response)
+    # The protocol's object for the reply (a Responses API response), dated when its request
+    # began: not for a user erased since (nor a conversation deleted meanwhile).
+    if keep is not None and not Erasures(conn).erased_since(
+        turn.tenant_id, turn.user_id, keep.created_at
+    ):
         record = replace(keep, conversation_id=conv.id if conv else None)
-        if not Responses(conn).keep(record):  # (the reply is stored all the same)
+        if turn.conversation is not None and conv is None:
+            pass  # (its conversation was deleted while the upstream answered)
+        elif not Responses(conn).keep(record):  # (the reply is stored all the same)
             log.warning("response_id_taken", request_id=turn.request_id, response=keep.id)
     if turn.pending is not None:  # nothing was written for it yet
         Exchanges(conn).insert_finished([turn.pending.row() | fields])

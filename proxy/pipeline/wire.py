@@ -33,6 +33,10 @@ class NeutralTurn:
     # The conversation the protocol itself names (the Responses API's `previous_response_id`
     # or `conversation`), when no X-Memory-Conversation-Id header does.
     conversation_id: str | None = None
+    # What the upstream gets before the client's messages that the client did not send in
+    # this request and memproxy does not store again (a Responses chain memproxy keeps): counted
+    # as the client's own for the context window and the prompt's tokens.
+    prefix: list[dict[str, Any]] = field(default_factory=list)
     # False when the prompt holds the conversation's history already (a Responses chain the
     # upstream stores itself, or one memproxy sends again whole): stored history is not
     # attached, and recall leaves the conversation out; memories and documents still go.
@@ -94,6 +98,10 @@ class StreamReader(Protocol):
 
     def close(self) -> bytes:
         """The upstream's stream ended (whatever it said last): what the client still gets."""
+        ...
+
+    def unread(self, raw: bytes) -> bytes:
+        """What the client gets of an event `read` could not make sense of (NotUnderstood)."""
         ...
 
     @property

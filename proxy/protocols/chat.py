@@ -59,6 +59,9 @@ class ChatReader:
     def close(self) -> bytes:
         return b""
 
+    def unread(self, raw: bytes) -> bytes:
+        return raw  # (relayed as it came: only the proxy stops reading the stream)
+
     @property
     def native(self) -> None:
         return None

@@ -99,12 +99,34 @@ def not_found(response_id: str) -> NotFound:
 
 
 async def _native_only(
-    request: Request[Any, Any, Any], principal: Principal, services: AppState
+    request: Request[Any, Any, Any],
+    principal: Principal,
+    services: AppState,
+    response_id: str | None = None,
 ) -> Response[Any]:
     """Passed through to a native upstream; on a translated one, a 400 saying why not."""
     if _native(services, principal):
-        return await forward(request, principal, services, _path(request))
+        return await _forward_owned(request, principal, services, response_id)
     raise not_translatable(request, principal)
+
+
+async def _forward_owned(
+    request: Request[Any, Any, Any],
+    principal: Principal,
+    services: AppState,
+    response_id: str | None,
+) -> Response[Any]:
+    """Passed through to a native upstream, for a response of the tenant (and of the user the
+    request names) only: the tenants of one upstream share its key, and so its responses."""
+    if response_id is not None:
+        user = named_user(request)
+        await services.memory.settle(principal.tenant_id)  # (replies still on their way)
+        owner = await services.db.read(
+            lambda conn: Responses(conn).owner(principal.tenant_id, response_id)
+        )
+        if owner is None or (user is not None and owner != user):
+            raise not_found(response_id)
+    return await forward(request, principal, services, _path(request))
 
 
 def not_translatable(request: Request[Any, Any, Any], p: Principal) -> BadRequest:
@@ -131,7 +153,7 @@ async def get_response(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     if _native(services, principal):
-        return await forward(request, principal, services, _path(request))
+        return await _forward_owned(request, principal, services, response_id)
     if request.query_params.get("stream", "").lower() == "true":
         raise BadRequest(
             "stream=true replays a background response's events; translated responses are "
@@ -163,7 +185,7 @@ async def delete_response(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     if _native(services, principal):
-        return await forward(request, principal, services, _path(request))
+        return await _forward_owned(request, principal, services, response_id)
     user = named_user(request)
 
     def work(conn: Connection) -> bool:
@@ -191,7 +213,7 @@ async def list_input_items(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     if _native(services, principal):
-        return await forward(request, principal, services, _path(request))
+        return await _forward_owned(request, principal, services, response_id)
     user = named_user(request)
     limit = limit_param(request)
     order = ORDERS.get(request.query_params.get("order", "desc"))
@@ -274,8 +296,10 @@ async def _earlier_items(
         chain = None
         previous = exc.missing or previous
     if chain is None:
-        raise NotFound(
-            f"Previous response with id '{previous}' not found.", param="previous_response_id"
+        raise BadRequest(
+            f"Previous response with id '{previous}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
         )
     items: list[Any] = []
     for stored in chain:
@@ -297,7 +321,7 @@ async def cancel_response(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    return await _native_only(request, principal, services)
+    return await _native_only(request, principal, services, response_id)
 
 
 @post(

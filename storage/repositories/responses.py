@@ -59,6 +59,24 @@ class Responses:
         self.save(record)
         return True
 
+    def find(
+        self, tenant_id: str, response_id: str, user_id: str | None = None
+    ) -> ResponseRecord | None:
+        """The response of the tenant (and user), whatever its `store`: one a native upstream
+        keeps may be continued there even when memproxy does not serve it."""
+        conditions = [R.c.tenant_id == tenant_id, R.c.id == response_id]
+        if user_id is not None:
+            conditions.append(R.c.user_id == user_id)
+        row = self.conn.execute(select(*_COLUMNS).where(*conditions)).first()
+        return _record(row) if row else None
+
+    def owner(self, tenant_id: str, response_id: str) -> str | None:
+        """The user a response of the tenant belongs to (whatever its `store`), or None: what
+        a native upstream's response may be reached by (it keeps the response itself)."""
+        query = select(R.c.user_id).where(R.c.tenant_id == tenant_id, R.c.id == response_id)
+        row = self.conn.execute(query).first()
+        return str(row[0]) if row else None
+
     def get(
         self, tenant_id: str, response_id: str, user_id: str | None = None
     ) -> ResponseRecord | None:

@@ -4,7 +4,9 @@ on upstreams without a Responses API (translated to chat completions: the chat f
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -13,11 +15,12 @@ import pytest
 from pydantic import BaseModel
 
 from proxy.core.config import Config, UpstreamConfig
-from tests.conftest import KEY, make_config
+from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_responses import FakeResponses, response_object
-from tests.fakes.openai_upstream import FakeOpenAI, Reply
+from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
 from tests.openapi_check import assert_openai_shape
+from tests.polling import eventually
 from tests.responses_check import check_stream
 
 ServeProxy = Callable[[Config], str]
@@ -483,3 +486,76 @@ async def test_an_upstream_giving_one_response_id_twice_still_gets_both_turns_st
     async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
         listed = await http.get(f"{base}/memory/conversations/twice/messages")
     assert [m["content"] for m in listed.json()["data"]] == ["first", "same", "second", "same"]
+
+
+# --- whose responses ----------------------------------------------------------------------------
+
+
+async def test_another_users_response_is_not_continued_on_a_native_upstream(
+    native: tuple[FakeResponses, openai.AsyncOpenAI],
+) -> None:
+    """The native upstream would continue any chain its key can see: memproxy forwards only a
+    response it saw made for the same tenant and user."""
+    app, client = native
+    one = await client.responses.create(
+        model="gpt-4o", input="My secret is 4242.", extra_headers=ALICE
+    )
+    sent = len(app.responses_requests)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(
+            model="gpt-4o",
+            previous_response_id=one.id,
+            input="What is my secret?",
+            extra_headers={"X-Memory-User-Id": "mallory"},
+        )
+    assert caught.value.code == "previous_response_not_found"
+    assert len(app.responses_requests) == sent
+
+
+async def test_another_tenants_response_is_404_on_a_native_upstream(
+    responses_fake: tuple[FakeResponses, str], serve_proxy: ServeProxy
+) -> None:
+    _, url = responses_fake
+    upstream = UpstreamConfig(kind="openai", base_url=url, api_key="upstream-key")
+    base = serve_proxy(make_config(upstream))
+    async with (
+        sdk(base) as first,
+        openai.AsyncOpenAI(base_url=base, api_key=OTHER_TENANT_KEY, max_retries=0) as second,
+    ):
+        one = await first.responses.create(model="gpt-4o", input="tenant one's secret")
+        assert (await first.responses.retrieve(one.id)).id == one.id
+        with pytest.raises(openai.NotFoundError):
+            await second.responses.retrieve(one.id)
+        with pytest.raises(openai.NotFoundError):
+            await second.responses.delete(one.id)
+        with pytest.raises(openai.NotFoundError):
+            await second.responses.input_items.list(one.id)
+        with pytest.raises(openai.BadRequestError):
+            await second.responses.create(
+                model="gpt-4o", previous_response_id=one.id, input="what was it?"
+            )
+
+
+async def test_a_user_erased_while_their_turn_runs_leaves_no_response_behind(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> None:
+    app, url = fake_upstream
+    base = serve_proxy(make_config(UpstreamConfig(kind="litellm", base_url=url, api_key="k")))
+    app.script = [replace(model_said("the reply"), hold=True)]
+    auth = {"authorization": f"Bearer {KEY}"}
+    async with sdk(base) as client, httpx.AsyncClient(headers=auth) as http:
+        turn = asyncio.create_task(
+            client.responses.create(model="gpt-4o-mini", input="my ssn is 123", extra_headers=ALICE)
+        )
+
+        async def started() -> bool:
+            return bool(app.requests)  # (its reply held until released)
+
+        await eventually(started, "the upstream's reply")
+        assert (await http.delete(base + "/memory/users/alice")).status_code == 200
+        app.release.set()
+        response = await turn
+        exported = await http.get(base + "/memory/users/alice/export")
+        assert exported.json()["responses"] == []
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(response.id, extra_headers=ALICE)

@@ -258,7 +258,7 @@ async def test_input_tokens_are_counted_with_the_stored_chain(
         theirs = await http.post(
             "/responses/input_tokens", json={"input": "hi", "previous_response_id": second.id}
         )
-        assert error_of(theirs, 404)["param"] == "previous_response_id"
+        assert error_of(theirs, 400)["param"] == "previous_response_id"
         bad = await http.post("/responses/input_tokens", json={"input": 5})
         assert error_of(bad, 400)["param"] == "input"
 
@@ -357,4 +357,4 @@ async def test_the_store_serves_postgresql_too(
         broken = await http.post(
             "/responses/input_tokens", json={"input": "x", "previous_response_id": second.id}
         )
-        assert first.id in error_of(broken, 404)["message"]
+        assert first.id in error_of(broken, 400)["message"]

@@ -85,9 +85,10 @@ class TranslatedReader:
         payload = event_data(raw)
         if payload is None:
             return b""  # (a comment or keep-alive: the Responses stream has none)
+        # Folded first: a chunk it cannot fold in (NotUnderstood) is not translated either.
+        self.chat.add(payload, fold=fold)
         out = self.events.start()
         if payload == b"[DONE]":
-            self.chat.add(payload)
             return out + self.events.finish()
         try:
             chunk = msgspec.json.decode(payload)
@@ -97,8 +98,11 @@ class TranslatedReader:
             out += self.events.fail(error_text(chunk["error"]))
         elif chunk is not None:
             out += self.events.feed(chunk)
-        self.chat.add(payload, fold=fold)
         return out
+
+    def unread(self, raw: bytes) -> bytes:
+        """A chat chunk not understood is nothing a Responses client could read."""
+        return b""
 
     def close(self) -> bytes:
         """The upstream's stream ended without its end marker: the response ends all the same."""
@@ -149,6 +153,9 @@ class NativeReader:
 
     def close(self) -> bytes:
         return b""
+
+    def unread(self, raw: bytes) -> bytes:
+        return raw
 
     def failed(self, error: ProxyError) -> bytes:
         event = {
@@ -229,6 +236,7 @@ class ResponsesAPI:
             reserve_tokens=limit if isinstance(limit, int) and limit > 0 else 0,
             attachments=self.attachments,
             conversation_id=self.conversation_id,
+            prefix=self.history,
             attach_history=not (self.held_upstream or self.history),
         )
 
@@ -241,8 +249,10 @@ class ResponsesAPI:
     ) -> UpstreamReply:
         stream = self.body.get("stream") is True
         if self.translate:
-            request = chat_request(self.body, self.with_history(messages))
-            return await upstream.chat_completions(request.body, stream=stream, sent=sent)
+            chat = chat_request(self.body, self.with_history(messages)).body
+            if not upstream.stream_usage:  # (a server that refuses the option: counted instead)
+                chat.pop("stream_options", None)
+            return await upstream.chat_completions(chat, stream=stream, sent=sent)
         return await upstream.responses(self.native_body(messages), stream=stream, sent=sent)
 
     def native_body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:

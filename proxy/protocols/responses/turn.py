@@ -37,7 +37,7 @@ async def create_response_turn(
     previous = body.get("previous_response_id")
     if isinstance(previous, str):
         chain = await _chain(request, services, principal, body, previous, whole=translate)
-        conversation = chain[-1].conversation_id if chain else None
+        conversation = chain[-1].conversation_id
         if translate:
             history = _chain_messages(chain)
     wire = ResponsesAPI(
@@ -79,8 +79,7 @@ async def _chain(
     whole: bool,
 ) -> list[ResponseRecord]:
     """The stored responses `previous` continues, root first (`whole`), or `previous` alone:
-    of the tenant, and of the user the request names. A native upstream's response memproxy
-    did not keep continues no known conversation (the upstream still has it)."""
+    of the tenant, and of the user the request names; 400 for any other."""
     user = identify(
         request, [("safety_identifier", body.get("safety_identifier")), ("user", body.get("user"))]
     ).user_id
@@ -89,7 +88,9 @@ async def _chain(
     def read(conn: Connection) -> list[ResponseRecord] | None:
         if whole:
             return Responses(conn).chain(tenant, previous, user)
-        found = Responses(conn).get(tenant, previous, user)
+        # A native upstream keeps the chain, for every tenant that shares its key: memproxy
+        # forwards only a response it saw made for this tenant and user.
+        found = Responses(conn).find(tenant, previous, user)
         return [found] if found is not None else None
 
     await services.memory.settle(tenant, user)  # (the user's last reply may be on its way)
@@ -98,17 +99,13 @@ async def _chain(
     except BrokenChain as exc:
         raise _not_found(exc.missing or previous) from None
     except StorageError as exc:
-        if not whole:
-            return []
         raise ServiceUnavailable(
-            "Memory storage is unavailable, and it holds the responses this one continues. "
-            "Try again later.",
+            "Memory storage is unavailable, and it holds the responses this one continues "
+            "(or who they belong to). Try again later.",
             code="memory_unavailable",
             headers={"retry-after": "5"},
         ) from exc
     if chain is None:
-        if not whole:
-            return []
         raise _not_found(previous)
     return chain
 
