@@ -40,13 +40,12 @@ log = structlog.get_logger("memproxy.pipeline")
 @dataclass(slots=True)
 class Assembled:
     """What the proxy attached: the assembly sent (None: nothing), the exchange record's
-    `attached`, the counts for the headers, and the attachments' own paid calls."""
+    `attached`, and the counts for the headers."""
 
     assembly: Assembly | None
     record: dict[str, Any] = field(default_factory=dict)
     recalled: int = 0
     attachments: int = 0
-    artifacts: Attached = field(default_factory=lambda: NOTHING_ATTACHED)
     # Parts of memory were skipped (storage failed or was too slow) after the turn was stored.
     partial: bool = False
 
@@ -142,7 +141,6 @@ async def assemble_turn(
         record,
         recalled=shown.messages,
         attachments=attached.count if sent else 0,
-        artifacts=attached,
         partial=partial,
     )
 
