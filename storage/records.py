@@ -24,6 +24,12 @@ class ConversationRecord:
     meta: dict[str, Any]
 
 
+# Items of another wire protocol with no chat equivalent (a Responses API `reasoning` item,
+# say) that came with a message, just before it: kept whole in its metadata, never sent to a
+# model as chat, searched or recalled. A message dict carries them under this key.
+KEPT_ITEMS = "memproxy_items"
+
+
 @dataclass(frozen=True, slots=True)
 class MessageRecord:
     pk: int

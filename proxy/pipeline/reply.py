@@ -17,7 +17,7 @@ from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.core.requests import reply_problem
 from proxy.pipeline.turn import Outcome, TokenCounter, Turn, now
 from storage.errors import StaleConversation
-from storage.records import ConversationRecord, NewMessage, ResponseRecord
+from storage.records import KEPT_ITEMS, ConversationRecord, NewMessage, ResponseRecord
 from storage.repositories.conversation_messages import SUPERSEDED
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
@@ -86,7 +86,8 @@ def finish_in(
                 status=as_status,
                 exchange_id=turn.request_id,
                 created_at=replied_at,
-                meta={"reply_to": reply_to},
+                meta={"reply_to": reply_to}
+                | ({KEPT_ITEMS: reply[KEPT_ITEMS]} if reply.get(KEPT_ITEMS) else {}),
             )
             conversations.append(at, turn.user_id, [message], now=now())
             nonlocal stored

@@ -34,7 +34,13 @@ from proxy.pipeline.turn import (
     new_conversation_id,
     now,
 )
-from storage.records import ConversationRecord, MessageRecord, NewExchange, NewMessage
+from storage.records import (
+    KEPT_ITEMS,
+    ConversationRecord,
+    MessageRecord,
+    NewExchange,
+    NewMessage,
+)
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.exchanges import Exchanges
@@ -79,6 +85,7 @@ def _new_messages(
             created_at=parse_timestamp(m["created_at"], "created_at")
             if "created_at" in m
             else None,
+            meta={KEPT_ITEMS: m[KEPT_ITEMS]} if m.get(KEPT_ITEMS) else {},
         )
         for m, h in zip(messages, hashes, strict=True)
     ]

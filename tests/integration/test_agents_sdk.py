@@ -123,6 +123,18 @@ async def conversations(base_url: str) -> list[list[tuple[str, str | None, int]]
         return out
 
 
+async def kept_items(base_url: str) -> list[dict[str, Any]]:
+    """The items with no chat equivalent kept with Alice's stored messages, in order."""
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {KEY}"}) as http:
+        listed = (await http.get(f"{base_url}/memory/conversations?user=alice")).json()["data"]
+        items: list[dict[str, Any]] = []
+        for conversation in reversed(listed):
+            got = await http.get(f"{base_url}/memory/conversations/{conversation['id']}/messages")
+            for message in got.json()["data"]:
+                items += (message.get("metadata") or {}).get("memproxy_items", [])
+        return items
+
+
 def tool_round_trip(answer: str) -> list[tuple[str, str | None, int]]:
     """A run's stored messages: the function call as an assistant `tool_calls` message and
     its output as a `tool` message, then the final answer."""
@@ -256,6 +268,10 @@ async def test_a_reasoning_agent_that_stores_nothing_gets_its_reasoning_items_ba
     ]
     stored = await conversations(native)
     assert stored == [tool_round_trip(result.final_output)]
+    # Each reply's reasoning item is kept whole with it, never as text, and once (the first,
+    # sent back with the tool's output, is not stored again).
+    kept = await kept_items(native)
+    assert [item["id"] for item in kept] == ["rs_fake0001", "rs_fake0002"]
 
 
 # --- translated ----------------------------------------------------------------------------------

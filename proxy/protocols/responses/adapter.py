@@ -28,6 +28,7 @@ from proxy.pipeline.wire import NeutralTurn, WholeReply
 from proxy.protocols.responses.chat_stream import ChatToResponsesStream, encode_event
 from proxy.protocols.responses.from_chat import response_from_chat
 from proxy.protocols.responses.items import (
+    OPAQUE,
     ParsedInput,
     is_opaque,
     messages_to_items,
@@ -38,8 +39,10 @@ from proxy.protocols.responses.stored import new_response_id, response_record
 from proxy.protocols.responses.to_chat import chat_request
 from proxy.upstream.base import Upstream, UpstreamReply
 from proxy.upstream.sse import ReplyAssembler, error_text, event_data, reply_from_completion
-from storage.records import ResponseRecord
+from storage.records import KEPT_ITEMS, ResponseRecord
 
+# Output items the reply message holds (the others are kept beside it).
+REPLY_ITEMS = frozenset({"message", "function_call"})
 # A Responses stream ends with one of these events: held back until the exchange is stored.
 END_MARKERS = (
     b"event: response.completed",
@@ -142,7 +145,8 @@ class NativeReader:
         return self.response.response
 
     def message(self) -> dict[str, Any]:
-        return self.response.reply() or {"role": "assistant", "content": None}
+        reply = reply_with_items(self.response.reply(), self.response.output())
+        return reply or {"role": "assistant", "content": None}
 
     def read(self, raw: bytes, *, fold: bool = True) -> bytes:
         payload = event_data(raw)
@@ -166,6 +170,32 @@ class NativeReader:
             "sequence_number": self.sequence + 1,
         }
         return encode_event(event)
+
+
+def with_kept_items(parsed: ParsedInput) -> list[tuple[dict[str, Any], int | None]]:
+    """The turn's messages and their origins, each carrying the items with no chat
+    equivalent that came just before it (those after the last message, with it)."""
+    kept: list[tuple[dict[str, Any], int | None]] = []
+    pending: list[Any] = []
+    for message, origin in zip(parsed.messages, parsed.origin, strict=True):
+        if is_opaque(message):
+            pending.append(message[OPAQUE])
+            continue
+        kept.append(({**message, KEPT_ITEMS: pending} if pending else message, origin))
+        pending = []
+    if pending and kept:
+        last, origin = kept[-1]
+        kept[-1] = ({**last, KEPT_ITEMS: [*last.get(KEPT_ITEMS, []), *pending]}, origin)
+    return kept
+
+
+def reply_with_items(reply: dict[str, Any] | None, output: list[Any]) -> dict[str, Any] | None:
+    """A native reply as one assistant message, with the output items it has no place for
+    (reasoning...) kept beside it."""
+    kept = [i for i in output if isinstance(i, dict) and i.get("type") not in REPLY_ITEMS]
+    if reply is None or not kept:
+        return reply
+    return {**reply, KEPT_ITEMS: kept}
 
 
 def user_fields(body: dict[str, Any]) -> list[tuple[str, object]]:
@@ -199,13 +229,11 @@ class ResponsesAPI:
         # memproxy's own extension: never forwarded.
         self.attachments = body.pop("attachments", None)
         parsed: ParsedInput = parse_input(body)  # (a malformed item: 400, nothing stored)
-        # The turn's messages leave out items with no chat equivalent (reasoning...): they go
-        # to a native upstream as they came, with the message before them, but are neither
-        # stored nor recalled, so a client sending a reasoning item back continues the
-        # conversation its reply was stored in.
-        kept = [
-            (m, o) for m, o in zip(parsed.messages, parsed.origin, strict=True) if not is_opaque(m)
-        ]
+        # Items with no chat equivalent (reasoning...) are not messages of the turn: they go to
+        # a native upstream as they came, and are stored whole with the message after them
+        # (never as text, nor in its chain hash), so a client sending a reasoning item back
+        # continues the conversation its reply was stored in.
+        kept = with_kept_items(parsed)
         if not any(o is not None for _, o in kept):
             raise BadRequest("'input' holds no message memproxy can read.", param="input")
         self.messages = [m for m, _ in kept]
@@ -316,7 +344,8 @@ class ResponsesAPI:
             return WholeReply(None, None, reply)
         if not self.translate:
             seen = observe_body(reply.body or b"")
-            return WholeReply(seen.reply(), seen.usage, reply, native=seen.response)
+            message = reply_with_items(seen.reply(), seen.output())
+            return WholeReply(message, seen.usage, reply, native=seen.response)
         message, usage = reply_from_completion(reply.body or b"")
         try:
             completion = msgspec.json.decode(reply.body or b"")

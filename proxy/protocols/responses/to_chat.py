@@ -31,6 +31,7 @@ from typing import Any
 from proxy.core.errors import BadRequest
 from proxy.protocols.responses.items import is_opaque
 from proxy.protocols.responses.parts import is_chat_part
+from storage.records import KEPT_ITEMS
 
 # Responses fields with no Chat Completions equivalent, left out of the translated request.
 DROPPED: dict[str, str] = {
@@ -131,6 +132,7 @@ def chat_messages(messages: list[dict[str, Any]], dropped: list[str]) -> list[di
             _note(dropped, f"input items of type {message['opaque_item'].get('type')}")
             continue
         message = dict(message)
+        message.pop(KEPT_ITEMS, None)  # (items with no chat equivalent, kept by memproxy)
         if (
             message.get("content") is None
             and message.get("refusal")
