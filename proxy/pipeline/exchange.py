@@ -253,15 +253,18 @@ class TurnExchange:
         await self.settle(outcome)
 
     def _keep(self, native: dict[str, Any] | None) -> Any:
-        """The protocol's object for the reply, to keep with it (not in mode off)."""
-        turn = self.loaded.turn
-        if native is None or turn is None or turn.mode == "off":
+        """The protocol's object for the reply, to keep with it (not in mode off); a turn in
+        the spill keeps it too, stored with the reply when the database is back."""
+        req = self.req
+        if native is None or req.identity.mode == "off":
             return None  # (mode off stores nothing of the conversation's)
+        if self.loaded.turn is None and not self.loaded.spilled:
+            return None
         kept = self.wire.keep(
-            native, tenant_id=turn.tenant_id, user_id=turn.user_id, request_id=self.req.request_id
+            native, tenant_id=req.tenant_id, user_id=req.user_id, request_id=req.request_id
         )
         # (dated when the request began: an erasure since then keeps it out)
-        return None if kept is None else replace(kept, created_at=self.req.started_at)
+        return None if kept is None else replace(kept, created_at=req.started_at)
 
     async def settle(self, outcome: Outcome) -> None:
         """Count the exchange (metrics, the tenant's limits) and record it, once."""

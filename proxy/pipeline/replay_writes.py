@@ -26,7 +26,7 @@ from proxy.durability.spill import Spilled
 from proxy.pipeline.artifacts import Chunked, store_documents
 from proxy.pipeline.intent import record_intent
 from proxy.pipeline.reply import answered_since, finish_in
-from proxy.pipeline.spill_entries import SpilledRequest, dates_in
+from proxy.pipeline.spill_entries import SpilledRequest, dates_in, kept_of
 from proxy.pipeline.turn import IntentOf, Mode, Outcome, TokenCounter, Turn
 from proxy.pipeline.turn_store import begin_in, opening
 from storage.records import ConversationRecord, ExchangeRecord
@@ -149,7 +149,9 @@ class ReplayWrites:
         data = request.outcome.data
         fields = dates_in(data["fields"])
         reply, at = data.get("reply"), fields.get("finished_at")
-        finish_in(turn, data["status"], reply, fields, count, conn, replied_at=at)
+        finish_in(
+            turn, data["status"], reply, fields, count, conn, replied_at=at, keep=kept_of(data)
+        )
         return "replayed"
 
     def _begin(

@@ -17,6 +17,7 @@ from typing import Any
 from proxy.core.requests import Inline
 from proxy.durability.spill import Spilled
 from proxy.pipeline.turn import Mode, Outcome, Turn
+from storage.records import ResponseRecord
 
 DATE_KEYS = ("started_at", "finished_at")
 
@@ -84,6 +85,9 @@ def spilled_outcome(
         "reply": outcome.reply,
         "fields": dates_out(outcome.fields()),
     }
+    if outcome.keep is not None:  # (the protocol's object for the reply, kept with it)
+        kept = dataclasses.asdict(outcome.keep)
+        data["keep"] = {**kept, "created_at": outcome.keep.created_at.isoformat()}
     if turn is not None:
         data["turn"] = {
             "store_reply": turn.store_reply,
@@ -92,6 +96,14 @@ def spilled_outcome(
             "summarize_through": turn.summarize_through,
         }
     return Spilled("outcome", tenant_id, user_id, request_id, at, data)
+
+
+def kept_of(data: dict[str, Any]) -> ResponseRecord | None:
+    """The record a spilled outcome keeps with its reply (see `spilled_outcome`), or None."""
+    kept = data.get("keep")
+    if not isinstance(kept, dict):
+        return None
+    return ResponseRecord(**{**kept, "created_at": datetime.fromisoformat(kept["created_at"])})
 
 
 def spilled_charge(

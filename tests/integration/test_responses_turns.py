@@ -171,6 +171,16 @@ async def test_a_response_while_the_database_is_away_is_degraded_and_stored_from
         ("assistant", answer, "complete"),
     ]
     assert len(app.responses_requests) == 1
+    # The response was kept with its reply from the spill: it can be continued (memproxy saw
+    # it made for this user) and the next turn goes on in its conversation.
+    async with sdk(base, OPEN) as client:
+        later = await client.responses.with_raw_response.create(
+            model="gpt-4o",
+            previous_response_id=raw.parse().id,
+            input="and now?",
+            extra_headers={"X-Memory-User-Id": "u1"},
+        )
+    assert later.http_response.headers["x-memory-conversation-id"] == "c1"
 
 
 async def test_an_upstream_error_passes_through_with_its_status(
