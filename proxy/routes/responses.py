@@ -29,13 +29,13 @@ from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import check_responses_request, header_text, parse_json_object
 from proxy.protocols.responses.stored import deleted, input_item_list, item_list
-from proxy.protocols.responses.turn import create_response_turn
+from proxy.protocols.responses.turn import create_response_turn, read_chain
 from proxy.routes.api_types import Deleted
 from proxy.routes.openai import answer_turn_request, check_model, forward
 from proxy.routes.params import limit_param
 from proxy.routes.reference import CHAT_HEADERS, api, json_body, openai_response, ref
 from proxy.state import AppState
-from storage.errors import BrokenChain, UnknownCursor
+from storage.errors import UnknownCursor
 from storage.records import ItemPage, ResponseRecord
 from storage.repositories.responses import Order, Responses
 
@@ -284,23 +284,9 @@ async def _earlier_items(
         return []
     if not isinstance(previous, str):
         raise BadRequest("'previous_response_id' must be a string.", param="previous_response_id")
-    user = named_user(request)
-
-    def work(conn: Connection) -> list[ResponseRecord] | None:
-        return Responses(conn).chain(principal.tenant_id, previous, user)
-
-    try:
-        await services.memory.settle(principal.tenant_id)  # (replies still on their way)
-        chain = await services.db.read(work)
-    except BrokenChain as exc:
-        chain = None
-        previous = exc.missing or previous
-    if chain is None:
-        raise BadRequest(
-            f"Previous response with id '{previous}' not found.",
-            param="previous_response_id",
-            code="previous_response_not_found",
-        )
+    chain = await read_chain(
+        services, principal.tenant_id, named_user(request), previous, whole=True
+    )
     items: list[Any] = []
     for stored in chain:
         items += stored.input_items

@@ -20,7 +20,7 @@ from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, ServiceUnavailable
 from proxy.pipeline.exchange import answer_turn
 from proxy.pipeline.identify import CONVERSATION_ID, identify
-from proxy.protocols.responses.adapter import ResponsesAPI
+from proxy.protocols.responses.adapter import ResponsesAPI, user_fields
 from proxy.protocols.responses.items import output_to_messages, parse_input
 from proxy.state import AppState
 from storage.errors import BrokenChain, StorageError
@@ -78,12 +78,17 @@ async def _chain(
     *,
     whole: bool,
 ) -> list[ResponseRecord]:
+    """`read_chain` for the user the request names (as its turn will be stored for)."""
+    user = identify(request, user_fields(body)).user_id
+    return await read_chain(services, principal.tenant_id, user, previous, whole=whole)
+
+
+async def read_chain(
+    services: AppState, tenant: str, user: str | None, previous: str, *, whole: bool
+) -> list[ResponseRecord]:
     """The stored responses `previous` continues, root first (`whole`), or `previous` alone:
-    of the tenant, and of the user the request names; 400 for any other."""
-    user = identify(
-        request, [("safety_identifier", body.get("safety_identifier")), ("user", body.get("user"))]
-    ).user_id
-    tenant = principal.tenant_id
+    of the tenant, and of `user` when given; 400 `previous_response_not_found` for any other
+    (or a chain with a link gone), 503 when storage cannot say."""
 
     def read(conn: Connection) -> list[ResponseRecord] | None:
         if whole:
