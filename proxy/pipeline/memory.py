@@ -13,7 +13,6 @@ from collections.abc import Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
-import structlog
 
 from proxy.core.config import ContextSettings
 from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
@@ -32,7 +31,6 @@ from storage.database import Database
 from storage.errors import ConflictError, StorageTimeout
 from storage.records import NewExchange
 
-log = structlog.get_logger("memproxy.memory")
 T = TypeVar("T")
 # Where late metadata writes are tracked: no user id can be this (they cannot hold NUL).
 METADATA_WRITES = "\x00metadata"
