@@ -13,7 +13,6 @@ from collections.abc import Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
-
 from proxy.core.config import ContextSettings
 from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
 from proxy.pipeline.reply import finish_in
