@@ -24,6 +24,7 @@ from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.costs import COST_HEADERS, Pricer
 from proxy.accounting.limits import LimitKeeper
 from proxy.accounting.metrics import Metrics
+from proxy.background.embedding_backlog import EmbeddingBacklog
 from proxy.background.embeddings import check_embeddings
 from proxy.background.jobs import JobRunner
 from proxy.background.maintenance import Maintenance
@@ -132,7 +133,7 @@ def create_app(
     `config_path`, SIGHUP reloads that file's tenants, keys, upstreams and pricing. Start-up
     migrates the database unless the caller did (`migrated`)."""
     prepare_offline_environment()
-    check_embeddings(config)  # a missing optional package fails now, naming the key
+    check_embeddings(config)  # an upstream that serves no embeddings fails now, naming the key
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -244,11 +245,20 @@ def create_app(
                     if not reloader.install():
                         log.info("config_reload_unavailable", reason="not the main thread")
                 state.replayer = replayer
+                backlog = EmbeddingBacklog(
+                    db,
+                    lambda: state.embeddings,
+                    metrics,
+                    interval=server.maintenance_seconds,
+                    anonymous=ANONYMOUS,
+                    wake_jobs=jobs.wake,
+                )
                 await spill.load()  # whose turns a previous run left in it
                 await maintenance.start()  # the start-up sweep first, then every interval
                 app.state.memproxy = state
                 await jobs.start()
                 await replayer.start()
+                await backlog.start()
                 log.info(
                     "started",
                     version=_version(),
@@ -263,6 +273,7 @@ def create_app(
                 finally:
                     if reloader is not None:
                         reloader.uninstall()
+                    await backlog.stop()
                     await replayer.stop()
                     await jobs.stop()
                     await state.drain()

@@ -154,6 +154,19 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.embedding_backlog = Gauge(
+            "memproxy_embedding_backlog",
+            "Stored messages not embedded yet (found by keywords until they are), per tenant; "
+            "read every server.maintenance_seconds.",
+            ["tenant"],
+            registry=r,
+        )
+        self.local_embeddings_up = Gauge(
+            "memproxy_local_embeddings_up",
+            "1 when the local embedding model is loaded, 0 when it could not be (its tenants "
+            "recall by keywords alone; the log and /readyz say why).",
+            registry=r,
+        )
         self.summary_cache = Counter(
             "memproxy_summary_cache",
             "Summary cache lookups, by kind (attachment, history) and outcome (hit, miss).",

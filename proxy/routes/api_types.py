@@ -359,6 +359,9 @@ class Health(Struct, kw_only=True):
     status: str
     database: str | None = None
     storage_circuit: str | None = None
+    # The local embedding model: "ok", or "unavailable: <why>" (recall by keywords alone; still
+    # ready). Absent when no tenant uses it.
+    embeddings: str | None = None
 
 
 # Request bodies: Litestar generates components only for the types of handler signatures and

@@ -63,7 +63,11 @@ async def _readiness(services: AppState) -> tuple[int, dict[str, Any]]:
     except StorageError as exc:
         reason = str(exc)[:200]
         return 503, {"status": "unavailable", "database": reason, "storage_circuit": circuit}
-    return 200, {"status": "ok", "database": "ok", "storage_circuit": circuit}
+    body = {"status": "ok", "database": "ok", "storage_circuit": circuit}
+    embeddings = services.embeddings.status()
+    if embeddings is not None:  # reported, not judged: without it recall goes on by keywords
+        body["embeddings"] = embeddings
+    return 200, body
 
 
 @get("/metrics", summary="Prometheus metrics")

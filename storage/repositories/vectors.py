@@ -33,6 +33,17 @@ class Unembedded:
 
 
 @dataclass(frozen=True, slots=True)
+class Backlog:
+    """A conversation's searchable messages still without a vector of the model asked about:
+    how many, and the first one's seq."""
+
+    user_id: str
+    conversation_pk: int
+    first_seq: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class NewVector:
     message_pk: int
     vector: bytes  # policies.vectors.encode
@@ -85,6 +96,23 @@ class MessageVectors:
                 query = query.where(M.c.seq <= last_seq)
         rows = self.conn.execute(query.order_by(M.c.conversation_pk, M.c.seq).limit(limit))
         return [Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text) for r in rows]
+
+    def backlog(self, tenant_id: str, model: str, *, except_user: str) -> list[Backlog]:
+        """The tenant's conversations with searchable messages not embedded by `model` (of
+        every user but `except_user`), oldest conversation first."""
+        rows = self.conn.execute(
+            select(M.c.user_id, M.c.conversation_pk, func.min(M.c.seq), func.count())
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.user_id != except_user,
+                M.c.status == "complete",
+                M.c.search_text.is_not(None),
+                ~exists().where(V.c.message_pk == M.c.pk, V.c.model == model),
+            )
+            .group_by(M.c.user_id, M.c.conversation_pk)
+            .order_by(M.c.conversation_pk)
+        )
+        return [Backlog(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
 
     def store(
         self,

@@ -1,0 +1,150 @@
+"""The local embedding model (all-MiniLM-L6-v2 on onnxruntime): the same vectors as the
+original PyTorch model, its files checked before use, and every way it can fail to load is
+an error of its own, kept, never a crash."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from proxy.accounting.metrics import Metrics
+from proxy.background import local_model
+from proxy.background.embeddings import EmbeddingError, Embeddings, LocalEmbedder
+from proxy.background.local_model import LocalModelUnavailable
+from proxy.core.config import MemorySettings, UpstreamConfig
+from proxy.upstream.echo import EchoUpstream
+from tests.conftest import make_config
+
+# sentence-transformers' own vectors for these texts (torch, normalize_embeddings=True), made
+# once in a separate virtualenv: tests/data/minilm_reference.json says with which versions.
+REFERENCE = json.loads(
+    (Path(__file__).parent.parent / "data" / "minilm_reference.json").read_text()
+)
+
+
+@pytest.fixture
+def fresh() -> Iterator[None]:
+    """The process's model forgotten before and after: a test that breaks it leaves no trace."""
+    local_model.forget()
+    yield
+    local_model.forget()
+
+
+def test_the_vectors_are_the_original_models() -> None:
+    texts, expected = REFERENCE["texts"], np.array(REFERENCE["vectors"], dtype=np.float32)
+    got = local_model.load().encode(texts)
+    assert got.shape == (len(texts), local_model.DIMENSIONS)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+    cosines = (got * expected).sum(axis=1) / np.linalg.norm(expected, axis=1)
+    # int8 weights: not bit-identical, but the same direction (the empty text included, and
+    # one far longer than the model reads, cut where the original cuts it).
+    assert cosines.min() > 0.99, dict(zip(texts, cosines.round(4), strict=True))
+    # And the same neighbours: each text's nearest other text is the original's.
+    ours, theirs = got @ got.T, expected @ expected.T
+    np.fill_diagonal(ours, -1)
+    np.fill_diagonal(theirs, -1)
+    assert (ours.argmax(axis=1) == theirs.argmax(axis=1)).all()
+
+
+def test_a_text_is_embedded_the_same_alone_or_in_a_batch() -> None:
+    model = local_model.load()
+    texts = ["short", "a much longer text " * 20, "Where do I work?"]
+    alone = np.vstack([model.encode([t]) for t in texts])
+    assert np.allclose(model.encode(texts), alone, atol=1e-5)  # padding changes nothing
+
+
+def test_meaning_without_shared_words() -> None:
+    model = local_model.load()
+    fact, question, other = model.encode(
+        ["My employer is Globex Corporation.", "Where do I work?", "I had pasta for dinner."]
+    )
+    assert float(fact @ question) > float(other @ question) + 0.1
+
+
+def test_a_corrupt_model_file_is_refused_not_run(tmp_path: Path, fresh: None) -> None:
+    bad = tmp_path / "model.onnx"
+    shutil.copyfile(local_model.model_file(), bad)
+    with bad.open("r+b") as f:
+        f.seek(1000)
+        f.write(b"\x00\x01\x02")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "model_file", lambda: bad)
+        with pytest.raises(LocalModelUnavailable, match="is not the expected file") as first:
+            local_model.load()
+        # Kept: the same failure again, not a second attempt (and not a second report).
+        with pytest.raises(LocalModelUnavailable) as second:
+            local_model.load()
+    assert second.value is first.value
+    assert not local_model.reported(first.value)
+    assert local_model.reported(first.value)
+
+
+def test_a_missing_package_or_file_is_unavailable(tmp_path: Path, fresh: None) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "MODEL_PACKAGE", "no_such_package_here")
+        with pytest.raises(LocalModelUnavailable, match="no-such-package-here is not installed"):
+            local_model.load()
+    local_model.forget()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "vocab_file", lambda: tmp_path / "vocab.txt")
+        with pytest.raises(LocalModelUnavailable, match="the vocabulary cannot be read"):
+            local_model.load()
+
+
+def test_a_file_that_is_not_a_model_is_unavailable(tmp_path: Path, fresh: None) -> None:
+    junk = tmp_path / "model.onnx"
+    junk.write_bytes(b"not a model")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "model_file", lambda: junk)
+        patch.setattr(local_model, "MODEL_SHA256", local_model._sha256(junk))
+        with pytest.raises(LocalModelUnavailable, match="onnxruntime could not load"):
+            local_model.load()
+
+
+async def test_embeddings_fall_back_to_keywords_when_the_model_is_unavailable(
+    tmp_path: Path, fresh: None
+) -> None:
+    config = make_config(UpstreamConfig(kind="echo"), memory=MemorySettings(embeddings="local"))
+    metrics = Metrics()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "model_file", lambda: tmp_path / "gone.onnx")
+        embeddings = Embeddings(
+            config, {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}, metrics
+        )
+        assert embeddings.wanted("t1", "alice", "full", "anonymous")
+        await embeddings.warm_up()
+    status = embeddings.status()
+    assert status is not None and status.startswith("unavailable: the model file cannot be read")
+    assert metrics.local_embeddings_up._value.get() == 0
+    # No embedder, no jobs, no question's vector: recall is by keywords alone.
+    assert embeddings.embedder("t1") is None
+    assert not embeddings.wanted("t1", "alice", "full", "anonymous")
+    assert await embeddings.query("t1", "Where do I work?") is None
+
+
+async def test_a_local_embedder_that_fails_raises_an_embedding_error(
+    tmp_path: Path, fresh: None
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "model_file", lambda: tmp_path / "gone.onnx")
+        with pytest.raises(EmbeddingError, match="the local embedding model failed"):
+            await LocalEmbedder().embed(["anything"])
+
+
+async def test_embeddings_report_a_loaded_model() -> None:
+    config = make_config(UpstreamConfig(kind="echo"))  # local is the default
+    metrics = Metrics()
+    embeddings = Embeddings(
+        config, {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}, metrics
+    )
+    await embeddings.warm_up()
+    assert embeddings.status() == "ok"
+    assert metrics.local_embeddings_up._value.get() == 1
+    vector = await embeddings.query("t1", "Where do I work?")
+    assert vector is not None and vector.model == "local/all-MiniLM-L6-v2"
+    assert len(vector.values) == local_model.DIMENSIONS and vector.usage is None
