@@ -8,11 +8,13 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from proxy.accounting.metrics import Metrics
+from proxy.background import embeddings as embeddings_module
 from proxy.background import local_model
 from proxy.background.embeddings import EmbeddingError, Embeddings, LocalEmbedder
 from proxy.background.local_model import LocalModelUnavailable
@@ -25,6 +27,16 @@ from tests.conftest import make_config
 REFERENCE = json.loads(
     (Path(__file__).parent.parent / "data" / "minilm_reference.json").read_text()
 )
+
+
+class Logged:
+    """Stands in for the module's logger: what was logged as an error."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, dict[str, Any]]] = []
+
+    def error(self, event: str, **fields: Any) -> None:
+        self.errors.append((event, fields))
 
 
 @pytest.fixture
@@ -110,14 +122,18 @@ async def test_embeddings_fall_back_to_keywords_when_the_model_is_unavailable(
     tmp_path: Path, fresh: None
 ) -> None:
     config = make_config(UpstreamConfig(kind="echo"), memory=MemorySettings(embeddings="local"))
-    metrics = Metrics()
+    metrics, logged = Metrics(), Logged()
+    upstreams = {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local_model, "model_file", lambda: tmp_path / "gone.onnx")
-        embeddings = Embeddings(
-            config, {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}, metrics
-        )
+        patch.setattr(embeddings_module, "log", logged)
+        embeddings = Embeddings(config, upstreams, metrics)
         assert embeddings.wanted("t1", "alice", "full", "anonymous")
         await embeddings.warm_up()
+        # A reload builds them again: the failure is not logged a second time.
+        await Embeddings(config, upstreams, metrics).warm_up()
+    ((event, fields),) = logged.errors
+    assert event == "local_embedding_model_unavailable" and "gone.onnx" in fields["reason"]
     status = embeddings.status()
     assert status is not None and status.startswith("unavailable: the model file cannot be read")
     assert metrics.local_embeddings_up._value.get() == 0
