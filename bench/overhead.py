@@ -91,6 +91,9 @@ RESPONSES_PATH = "/v1/responses"
 PROMPT = "say hi please now"
 TARGETS = ("direct", "floor", "memproxy-off", "memproxy")
 PREVIOUS = "memproxy-prev"
+# memproxy with memory on but `memory.embeddings: off` (--keywords-target): what recall by
+# meaning adds to a turn, measured beside it in the same run.
+KEYWORDS = "memproxy-keywords"
 # The last commit of the conversation-memory issue: memproxy before cost accounting and limits.
 BASELINE_REV = "5ab5a29"
 ACCOUNTING_BUDGET_MS = 1.0
@@ -183,10 +186,12 @@ def memproxy_config(
     *,
     storage_breaker: int = 0,
     server: bool = True,
+    embeddings: str | None = None,
 ) -> str:
     """`storage_breaker`: `server.storage_breaker_threshold` (0: off, the default). Without
     `server`, no `server:` settings (for a revision older than them, which would refuse them;
-    its spill, if it has one, is then in its working directory)."""
+    its spill, if it has one, is then in its working directory). `embeddings`: the tenant's
+    `memory.embeddings` (None: the revision's default)."""
     database = database_url or f"sqlite+aiosqlite:///{workdir}/memproxy.db"
     settings = (
         # Turns answered degraded (storage slower than its timeout) wait here to be replayed.
@@ -202,6 +207,7 @@ def memproxy_config(
         # Every limit on (and never reached), so admitting and counting are measured.
         "    limits: {rpm: 100000000, tpm: 100000000000, budget_usd_day: 1000000,"
         " budget_usd_month: 1000000}\n"
+        + ("" if embeddings is None else f"    memory: {{embeddings: {embeddings}}}\n")
     )
 
 
@@ -245,6 +251,8 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
             # Two memproxy processes, one per mode, so neither pays for the other's writes; and
             # the previous revision's, when asked for.
             names = ["memproxy-off", "memproxy"]
+            if args.keywords_target:
+                names.append(KEYWORDS)
             code = {name: ROOT for name in names}
             if args.baseline_rev:
                 names.append(PREVIOUS)
@@ -257,8 +265,15 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                 if name == PREVIOUS:
                     # Its own database (by default a SQLite file): the schemas differ.
                     database_url = args.baseline_database_url
+                embeddings = "off" if name == KEYWORDS else args.embeddings
                 config.write_text(
-                    memproxy_config(fake.url, home, database_url, server=name != PREVIOUS)
+                    memproxy_config(
+                        fake.url,
+                        home,
+                        database_url,
+                        server=name != PREVIOUS,
+                        embeddings=None if name == PREVIOUS else embeddings,
+                    )
                 )
                 port = free_port()
                 command = (
@@ -571,6 +586,11 @@ def summarize(
         else on["ttft_p50_ms"] - off["ttft_p50_ms"]
     )
     accounting: dict[str, Any] = {}
+    if KEYWORDS in stats:
+        for key in ("p50_ms", "ttft_p50_ms"):
+            now, before = on[key], stats[KEYWORDS][key]
+            added = None if now is None or before is None else round(now - before, 3)
+            accounting["embeddings_added_" + key] = added
     if PREVIOUS in stats:
         prev = stats[PREVIOUS]
         for key in ("p50_ms", "ttft_p50_ms"):
@@ -650,6 +670,13 @@ def table(
             + ("" if memory_ttft is None else f", ttft {fmt(memory_ttft, True)} ms")
             + f"  -> <= {MEMORY_BUDGET_MS:.0f} ms {memory}"
         )
+        if "embeddings_added_p50_ms" in result:
+            ttft_added = result["embeddings_added_ttft_p50_ms"]
+            lines.append(
+                f"{'':<16}embeddings on over off (memproxy over {KEYWORDS}): p50 "
+                f"{fmt(result['embeddings_added_p50_ms'], True)} ms"
+                + ("" if ttft_added is None else f", ttft {fmt(ttft_added, True)} ms")
+            )
         if "accounting_target_met" in result:
             verdict = "met" if result["accounting_target_met"] else "NOT met"
             ttft_added = result["accounting_added_ttft_p50_ms"]
@@ -751,7 +778,7 @@ def headers_for(name: str, args: argparse.Namespace) -> dict[str, str]:
     headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
     if name == "memproxy-off":
         headers["x-memory-mode"] = "off"
-    elif name in ("memproxy", PREVIOUS) and args.memory_mode:
+    elif name in ("memproxy", PREVIOUS, KEYWORDS) and args.memory_mode:
         headers["x-memory-mode"] = args.memory_mode
     if args.user:
         headers["x-memory-user-id"] = args.user
@@ -945,6 +972,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--baseline-rev",
         default=BASELINE_REV,
         help="also run memproxy at this git revision (memproxy-prev); '' to skip",
+    )
+    parser.add_argument(
+        "--embeddings",
+        choices=["local", "off"],
+        default=None,
+        help="memproxy's memory.embeddings (default: the default config's, local)",
+    )
+    parser.add_argument(
+        "--keywords-target",
+        action="store_true",
+        help=f"also run {KEYWORDS} (memory on, embeddings off): what embeddings add; "
+        "needs --user (the anonymous user's turns are not embedded)",
     )
     parser.add_argument("--memproxy-log-level", default="info")
     parser.add_argument("--logs", help="keep the servers' logs in this directory")

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from proxy.app import create_app
-from proxy.core.config import Config, DatabaseConfig, TenantConfig, UpstreamConfig
+from proxy.core.config import (
+    Config,
+    DatabaseConfig,
+    MemorySettings,
+    TenantConfig,
+    UpstreamConfig,
+)
 from proxy.core.logs import configure_logging
 from proxy.core.offline import prepare_offline_environment
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -58,7 +64,14 @@ def make_config(
     upstream: UpstreamConfig, *, database_url: str | None = None, **tenant: Any
 ) -> Config:
     """Tenant `t1` (keys: all scopes and chat-only) and tenant `t2`, both on `upstream`.
-    The database is `./memproxy.db` in the test's own directory unless `database_url` says."""
+    The database is `./memproxy.db` in the test's own directory unless `database_url` says.
+
+    Both recall by words alone (`memory.embeddings: off`) unless the test passes its own
+    `memory` settings: the default local model is tested where recall by meaning is
+    (tests/integration/test_local_embeddings.py, and every server started from config.yaml);
+    elsewhere its background jobs would only add vectors and jobs, at their own pace, to what
+    the tests count."""
+    tenant.setdefault("memory", MemorySettings(embeddings="off"))
     return Config(
         database=DatabaseConfig(url=database_url) if database_url else DatabaseConfig(),
         upstreams={"main": upstream, "echo": UpstreamConfig(kind="echo")},
@@ -68,7 +81,11 @@ def make_config(
                 upstream="main",
                 **tenant,
             ),
-            "t2": TenantConfig(api_keys=[OTHER_TENANT_KEY], upstream="main"),
+            "t2": TenantConfig(
+                api_keys=[OTHER_TENANT_KEY],
+                upstream="main",
+                memory=MemorySettings(embeddings="off"),
+            ),
         },
     )
 

@@ -86,6 +86,9 @@ class MiniLM:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # warnings about the graph are not the operator's
+        # No arena: it keeps the largest batch's memory for good (about 70 MB more RSS) for
+        # no measurable speed on this model.
+        options.enable_cpu_mem_arena = False
         try:
             self.session = onnxruntime.InferenceSession(
                 str(model), options, providers=["CPUExecutionProvider"]

@@ -59,9 +59,16 @@ def config(main_url: str, memory_url: str) -> Config:
             "t1": TenantConfig(
                 api_keys=[KEY],
                 upstream="main",
-                memory=MemorySettings(extract="llm", model=MEMORY_MODEL, upstream="memory"),
+                # (Embeddings off: their jobs would be listed beside the extraction's.)
+                memory=MemorySettings(
+                    extract="llm", model=MEMORY_MODEL, upstream="memory", embeddings="off"
+                ),
             ),
-            "t2": TenantConfig(api_keys=[OTHER_TENANT_KEY], upstream="main"),
+            "t2": TenantConfig(
+                api_keys=[OTHER_TENANT_KEY],
+                upstream="main",
+                memory=MemorySettings(embeddings="off"),
+            ),
         },
     )
 
