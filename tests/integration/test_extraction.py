@@ -60,7 +60,7 @@ def config(main_url: str, memory_url: str) -> Config:
                 api_keys=[KEY],
                 upstream="main",
                 # (Embeddings off: these pin extraction, and its jobs alone; embedding what
-                # extraction writes is tests/integration/test_hybrid.py's.)
+                # extraction writes is tests/integration/test_hybrid_memories_and_passages.py's.)
                 memory=MemorySettings(
                     extract="llm", model=MEMORY_MODEL, upstream="memory", embeddings="off"
                 ),
