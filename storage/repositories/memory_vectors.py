@@ -91,8 +91,8 @@ class MemoryVectors:
             R.c.user_id == user_id,
             R.c.pk.in_([v.item_pk for v in vectors]),
         )
-        if self.conn.dialect.name == "postgresql":
-            query = query.with_for_update()
+        if self.conn.dialect.name == "postgresql":  # (in pk order: two jobs never deadlock)
+            query = query.order_by(R.c.pk).with_for_update()
         current = {r.pk: r.text for r in self.conn.execute(query)}
         rows = [
             {

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import Connection, inspect, text
 
 from proxy.app import create_app
-from proxy.core.config import Config, ServerConfig, UpstreamConfig
+from proxy.core.config import Config, MemorySettings, ServerConfig, UpstreamConfig
 from proxy.protocols.responses.stored import stored_response_object
 from storage.database import Database
 from storage.repositories.conversations import Conversations
@@ -152,8 +152,11 @@ HOUR = timedelta(hours=1)
 
 
 def paged_config(upstream_url: str, database_url: str) -> Config:
+    # (Embeddings off: the test stores the vectors it counts itself, none by the jobs.)
     config = make_config(
-        UpstreamConfig(kind="openai", base_url=upstream_url, api_key="k"), database_url=database_url
+        UpstreamConfig(kind="openai", base_url=upstream_url, api_key="k"),
+        database_url=database_url,
+        memory=MemorySettings(embeddings="off"),
     )
     return config.model_copy(update={"server": ServerConfig(export_page_rows=PAGE)})
 
