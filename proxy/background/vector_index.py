@@ -1,16 +1,16 @@
 """Nearest stored messages, memories or passages by cosine similarity, for one user at a time.
 
 Brute force with numpy over the user's vectors (about 3 ms for 27,000 of 384 dimensions). The
-vectors live in the database (a table for each kind: `VectorSource`); each user's are kept
-here too, per (kind, tenant, user, model), and
-brought up to date on every search inside the caller's read transaction: one index-range count
-tells whether anything was stored or deleted since they were loaded; what was stored since is
-read and appended, and anything else (a deletion, a vector committed out of order) reloads the
-user's vectors whole. So a search sees exactly the vectors of its snapshot; a hit is also only
-ever used once its message (memory, passage) has been read back in the same snapshot
-(proxy/pipeline/recall.py, proxy/pipeline/artifact_sources.py), so a deleted one never comes
-back. Memory is bounded (`max_bytes`): the least recently searched
-users go first, and a user too large to keep is read whole for each search.
+vectors live in the database, a table for each kind (`SOURCES`); each user's are kept here
+too, per (kind, tenant, user, model), and brought up to date on every search inside the
+caller's read transaction: one index-range count tells whether anything was stored or deleted
+since they were loaded; what was stored since is read and appended, and anything else (a
+deletion, a vector committed out of order) reloads the user's vectors whole. So a search sees
+exactly the vectors of its snapshot; a hit is also only ever used once its message (memory,
+passage) has been read back in the same snapshot (proxy/pipeline/recall.py,
+proxy/pipeline/artifact_sources.py), so a deleted one never comes back. Memory is bounded
+(`max_bytes`): the least recently searched users go first, and a user too large to keep is
+read whole for each search.
 """
 
 from __future__ import annotations

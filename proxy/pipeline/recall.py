@@ -97,7 +97,6 @@ async def recall(
     with_memories = conversation_pk is None  # not for the anonymous user
     near: list[Hit] = []  # vector hits, read in the same snapshot as everything else
     wide: set[int] = set()  # the hits read with a wide window around them
-
     near_memories: dict[int, float] = {}  # memory pk -> similarity, of those read back
 
     def work(
