@@ -18,6 +18,7 @@ upstream's embedding call is charged as it is made, to the exchange that caused 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,7 +98,7 @@ class Pending:
     text: str
 
 
-class _ItemEmbedder:
+class _ItemEmbedder(ABC):
     """What both handlers share: read what is pending, embed it in one batch, charge it, and
     store the vectors with the job's end."""
 
@@ -106,15 +107,17 @@ class _ItemEmbedder:
     ) -> None:
         self.embeddings, self.db, self.metrics, self.charges = embeddings, db, metrics, charges
 
+    @abstractmethod
     def pending(self, conn: Connection, job: JobRecord, model: str) -> list[Pending]:
-        raise NotImplementedError
+        """Up to `CHUNK` of the job's items still without a `model` vector, in order."""
 
+    @abstractmethod
     def store(self, conn: Connection, job: JobRecord, model: str, rows: Sequence[NewVector]) -> int:
-        raise NotImplementedError
+        """Store the vectors of those items still there; how many."""
 
+    @abstractmethod
     def queue_rest(self, conn: Connection, job: JobRecord, last: Pending) -> None:
         """A whole chunk was embedded: a job for what may be left."""
-        raise NotImplementedError
 
     async def _charge(self, job: JobRecord, model: str, usage: Usage | None) -> None:
         if usage is None:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.background import embedding_items
 from proxy.core.config import (
     Config,
     ContextSettings,
@@ -195,6 +196,21 @@ async def test_inline_documents_are_embedded_and_found_by_meaning_later(
     assert job["subject"].startswith("att_")
     _, added = await ask(http, fake, **{"X-Memory-Conversation-Id": "inline"})
     assert BISCUIT in added
+
+
+async def test_what_one_job_cannot_embed_at_once_is_left_to_the_next(
+    http: httpx.AsyncClient, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(embedding_items, "CHUNK", 3)
+    await upload(http, "docs")
+    for text in [DOG, *OTHERS, "Prefers green tea"]:
+        await remember(http, text)
+    passages = await embedded(http, "embed_passages", 7)
+    assert sorted(j["result"]["embedded"] for j in passages) == [1, 3, 3]
+    memories = await embedded(http, "embed_memories", 4)
+    assert sum(j["result"]["embedded"] for j in memories) == 4
+    _, added = await ask(http, fake, **{"X-Memory-Conversation-Id": "docs"})
+    assert BISCUIT in added and f"> - {DOG}" in added
 
 
 async def test_with_embeddings_off_neither_is_found_and_nothing_is_embedded(
