@@ -58,3 +58,6 @@ def decode(blob: bytes, dims: int | None = None) -> list[float]:
 
 # The job queue's name for embedding stored messages (proxy/background/embedding_jobs.py).
 EMBED_JOB_KIND = "embed_messages"
+# ... and memories and attachments' passages (proxy/background/embedding_items.py).
+EMBED_MEMORIES_KIND = "embed_memories"
+EMBED_PASSAGES_KIND = "embed_passages"

@@ -19,6 +19,7 @@ from policies.jobs import RetryPolicy
 from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
+from policies.vectors import EMBED_MEMORIES_KIND, EMBED_PASSAGES_KIND
 from proxy.accounting.catalog import ModelCatalog
 from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.costs import COST_HEADERS, Pricer
@@ -82,6 +83,8 @@ EXPOSED_HEADERS = [
 def _register_jobs(jobs: JobRunner, parts: Configured) -> None:
     jobs.register(EXTRACTION, parts.extractor)
     jobs.register(EMBED, parts.embedder)
+    jobs.register(EMBED_MEMORIES_KIND, parts.memory_embedder)
+    jobs.register(EMBED_PASSAGES_KIND, parts.passage_embedder)
     jobs.register(SUMMARIZE, parts.summarizer)
 
 

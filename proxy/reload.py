@@ -28,6 +28,7 @@ from policies.pricing import Price, PriceBook
 from proxy.accounting.catalog import ModelCatalog
 from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.metrics import Metrics
+from proxy.background.embedding_items import MemoryEmbedder, PassageEmbedder
 from proxy.background.embedding_jobs import MessageEmbedder
 from proxy.background.embeddings import Embeddings, check_embeddings
 from proxy.background.extraction import MemoryExtractor
@@ -71,6 +72,8 @@ class Configured:
     embeddings: Embeddings
     summarizer: HistorySummarizer
     embedder: MessageEmbedder
+    memory_embedder: MemoryEmbedder
+    passage_embedder: PassageEmbedder
     vectors: VectorIndex | None
 
 
@@ -109,11 +112,13 @@ async def configure(
         keys=KeyRing(config),
         upstreams=upstreams,
         intents=IntentClassifiers(config, upstreams, metrics),
-        artifacts=Artifacts(config, upstreams, db, memory, metrics),
-        extractor=MemoryExtractor(config, upstreams, db, charges, metrics),
+        artifacts=Artifacts(config, upstreams, db, memory, metrics, embeddings),
+        extractor=MemoryExtractor(config, upstreams, db, charges, metrics, embeddings),
         embeddings=embeddings,
         summarizer=HistorySummarizer(config, upstreams, db, charges, metrics),
         embedder=MessageEmbedder(embeddings, db, metrics, charges),
+        memory_embedder=MemoryEmbedder(embeddings, db, metrics, charges),
+        passage_embedder=PassageEmbedder(embeddings, db, metrics, charges),
         vectors=vectors,
     )
 

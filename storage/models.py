@@ -256,6 +256,28 @@ class MessageVector(Base):
     )
 
 
+class MemoryVector(Base):
+    """A memory's embedding, as a message's is stored (the relevant-memory choice's vector
+    half). Goes with its memory (the foreign key cascades; deletes, erasure and retention also
+    remove it explicitly), and when its text is edited (storage/repositories/memories.py)."""
+
+    __tablename__ = "memory_vectors"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    memory_pk: Mapped[int] = mapped_column(PK, ForeignKey("memories.pk", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    model: Mapped[str] = mapped_column(String(128))
+    dims: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("memory_pk", "model", name="uq_memory_vectors_memory_model"),
+        Index("ix_memory_vectors_user", "tenant_id", "user_id", "model", "pk"),
+    )
+
+
 class Attachment(Base):
     """A document attached to a conversation: uploaded through the management API, or sent
     inline in a request body (stored in mode `full`). `content` is its text (extracted from
@@ -305,6 +327,30 @@ class AttachmentChunk(Base):
     search_scope: Mapped[str] = mapped_column(String(24))
 
     __table_args__ = (Index("ix_attachment_chunks_attachment", "attachment_pk", "seq"),)
+
+
+class ChunkVector(Base):
+    """A passage's embedding (the relevant-passage choice's vector half), of the user whose
+    attachment it is. Goes with its chunk, so with its attachment (the foreign key cascades;
+    deletes, erasure and retention also remove it explicitly)."""
+
+    __tablename__ = "chunk_vectors"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    chunk_pk: Mapped[int] = mapped_column(
+        PK, ForeignKey("attachment_chunks.pk", ondelete="CASCADE")
+    )
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(256))
+    model: Mapped[str] = mapped_column(String(128))
+    dims: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        UniqueConstraint("chunk_pk", "model", name="uq_chunk_vectors_chunk_model"),
+        Index("ix_chunk_vectors_user", "tenant_id", "user_id", "model", "pk"),
+    )
 
 
 class Summary(Base):
@@ -408,5 +454,7 @@ ATTACHMENTS = cast(Table, Attachment.__table__)
 ATTACHMENT_CHUNKS = cast(Table, AttachmentChunk.__table__)
 SUMMARIES = cast(Table, Summary.__table__)
 MESSAGE_VECTORS = cast(Table, MessageVector.__table__)
+MEMORY_VECTORS = cast(Table, MemoryVector.__table__)
+CHUNK_VECTORS = cast(Table, ChunkVector.__table__)
 ERASURES = cast(Table, Erasure.__table__)
 RESPONSES = cast(Table, StoredResponse.__table__)

@@ -154,6 +154,12 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.embedded_items = Counter(
+            "memproxy_embedded_items",
+            "Memories and attachment passages embedded by the background jobs, by kind.",
+            ["tenant", "kind"],
+            registry=r,
+        )
         self.embedding_backlog = Gauge(
             "memproxy_embedding_backlog",
             "Stored messages not embedded yet (found by keywords until they are), per tenant; "

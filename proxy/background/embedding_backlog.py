@@ -6,7 +6,8 @@ model, a start without the local model) has no vectors and is found by keywords 
 is embedded. Every `server.maintenance_seconds` (and at start-up), each tenant's backlog is
 counted (`memproxy_embedding_backlog`, and a log line while it drains); the first time a set
 of embedders is seen (at start-up, after a reload), a catch-up job is queued for each
-conversation with messages to embed, oldest first.
+conversation with messages to embed, oldest first, and so for each user's memories and each
+attachment's passages not embedded yet (proxy/background/embedding_items.py).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import structlog
 from sqlalchemy import Connection
 
 from proxy.accounting.metrics import Metrics
+from proxy.background.embedding_items import queue_memories, queue_passages
 from proxy.background.embedding_jobs import queue_range
 from proxy.background.embeddings import Embeddings
 from storage.database import Database
 from storage.errors import StorageError
+from storage.repositories.chunk_vectors import ChunkBacklog, ChunkVectors
+from storage.repositories.memory_vectors import MemoryBacklog, MemoryVectors
 from storage.repositories.vectors import Backlog, MessageVectors
 
 log = structlog.get_logger("memproxy.embedding_jobs")
@@ -87,6 +91,8 @@ class EmbeddingBacklog:
             backlog = await self.db.read(read)
             counts[tenant_id] = total = sum(b.count for b in backlog)
             self.metrics.embedding_backlog.labels(tenant_id).set(total)
+            if catch_up:
+                await self._catch_up_items(tenant_id, model)
             if catch_up and backlog:
                 queued = await self.db.write(
                     partial(self._queue, tenant_id=tenant_id, backlog=backlog)
@@ -123,4 +129,46 @@ class EmbeddingBacklog:
                 name="catch-up",
             )
             for b in backlog
+        )
+
+    async def _catch_up_items(self, tenant_id: str, model: str) -> None:
+        """Queue the embedding of the tenant's memories and passages without a `model` vector
+        (stored before embeddings were on, or by another model): a job per user's memories,
+        a job per attachment."""
+
+        def read(conn: Connection) -> tuple[list[MemoryBacklog], list[ChunkBacklog]]:
+            memories = MemoryVectors(conn).backlog(tenant_id, model, except_user=self.anonymous)
+            chunks = ChunkVectors(conn).backlog(tenant_id, model, except_user=self.anonymous)
+            return memories, chunks
+
+        memories, chunks = await self.db.read(read)
+        if not memories and not chunks:
+            return
+
+        def queue(conn: Connection) -> int:
+            at = datetime.now(UTC)
+            return sum(
+                queue_memories(conn, tenant_id, m.user_id, f"catch-up:{m.first_pk}", now=at)
+                for m in memories
+            ) + sum(
+                queue_passages(
+                    conn,
+                    tenant_id,
+                    c.user_id,
+                    c.attachment_id,
+                    now=at,
+                    first_seq=c.first_seq,
+                    name="catch-up:",
+                )
+                for c in chunks
+            )
+
+        queued = await self.db.write(queue)
+        log.info(
+            "embedding_catch_up_items",
+            tenant=tenant_id,
+            model=model,
+            memories=sum(m.count for m in memories),
+            passages=sum(c.count for c in chunks),
+            jobs_queued=queued,
         )

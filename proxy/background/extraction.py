@@ -33,6 +33,8 @@ from policies.recall import query_terms
 from policies.tokens import message_text
 from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.metrics import Metrics
+from proxy.background.embedding_items import queue_memories
+from proxy.background.embeddings import Embeddings
 from proxy.background.jobs import Apply, JobFailed, ask_model
 from proxy.core.config import Config
 from proxy.pipeline.turn import ANONYMOUS
@@ -59,8 +61,10 @@ class MemoryExtractor:
         db: Database,
         charges: MemoryCharges,
         metrics: Metrics,
+        embeddings: Embeddings | None = None,
     ) -> None:
         self.config, self.db, self.charges, self.metrics = config, db, charges, metrics
+        self.embeddings = embeddings
         self._upstreams = {
             name: upstreams[tenant.memory.upstream or tenant.upstream]
             for name, tenant in config.tenants.items()
@@ -160,6 +164,13 @@ class MemoryExtractor:
             action = r.decision.get("action") if isinstance(r.decision, dict) else None
             label = action if action in ("add", "update", "delete") else "invalid"
             self.metrics.memory_decisions.labels(job.tenant_id, label, "no").inc()
+        written = any(a["action"] in ("add", "update") for a in applied)
+        if (
+            written
+            and self.embeddings
+            and self.embeddings.wanted(job.tenant_id, job.user_id, "full", ANONYMOUS)
+        ):  # (their text embedded too, charged to the same exchange)
+            queue_memories(conn, job.tenant_id, job.user_id, job.ref, now=now, exchange_id=job.ref)
         return {"model": model, "applied": applied, "rejected": refused}
 
     @staticmethod

@@ -1,27 +1,31 @@
-"""Nearest stored messages by cosine similarity, for one user at a time.
+"""Nearest stored messages, memories or passages by cosine similarity, for one user at a time.
 
 Brute force with numpy over the user's vectors (about 3 ms for 27,000 of 384 dimensions). The
-vectors live in the database; each user's are kept here too, per (tenant, user, model), and
-brought up to date on every search inside the caller's read transaction: one index-range count
-tells whether anything was stored or deleted since they were loaded; what was stored since is
-read and appended, and anything else (a deletion, a vector committed out of order) reloads the
-user's vectors whole. So a search sees exactly the vectors of its snapshot; a hit is also only
-ever used once its message has been read back in the same snapshot (proxy/pipeline/recall.py), so a
-deleted message never comes back. Memory is bounded (`max_bytes`): the least recently searched
-users go first, and a user too large to keep is read whole for each search.
+vectors live in the database, a table for each kind (`SOURCES`); each user's are kept here
+too, per (kind, tenant, user, model), and brought up to date on every search inside the
+caller's read transaction: one index-range count tells whether anything was stored or deleted
+since they were loaded; what was stored since is read and appended, and anything else (a
+deletion, a vector committed out of order) reloads the user's vectors whole. So a search sees
+exactly the vectors of its snapshot; a hit is also only ever used once its message (memory,
+passage) has been read back in the same snapshot (proxy/pipeline/recall.py,
+proxy/pipeline/artifact_sources.py), so a deleted one never comes back. Memory is bounded
+(`max_bytes`): the least recently searched users go first, and a user too large to keep is
+read whole for each search.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection
 
 from policies.vectors import DTYPE
+from storage.repositories.chunk_vectors import ChunkVectors
+from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.search import Hit
 from storage.repositories.vectors import MessageVectors, StoredVector
 
@@ -29,7 +33,36 @@ if TYPE_CHECKING:  # numpy is optional (the `embeddings` extra): imported when f
     import numpy as np
     from numpy.typing import NDArray
 
-Key = tuple[str, str, str]  # tenant, user, model
+
+class VectorSource(Protocol):
+    """A table of one kind's vectors, as the index reads it (storage/repositories/*vectors)."""
+
+    def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]: ...
+
+    def load(
+        self, tenant_id: str, user_id: str, model: str, *, after_pk: int = 0
+    ) -> list[StoredVector]: ...
+
+
+Source = Callable[[Connection], VectorSource]
+Key = tuple[str, str, str, str]  # kind, tenant, user, model
+# The kinds: the vectors of stored messages, of memories and of attachments' passages.
+SOURCES: dict[str, Source] = {
+    "messages": MessageVectors,
+    "memories": MemoryVectors,
+    "passages": ChunkVectors,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Near:
+    """A vector hit: its item (message, memory, passage) and where it is (a message's
+    conversation and seq, a passage's attachment and seq; 0 for a memory)."""
+
+    item_pk: int
+    group_pk: int
+    seq: int
+    score: float  # cosine similarity
 
 
 @dataclass(slots=True)
@@ -38,16 +71,14 @@ class _Buffer:
     buffer; a search keeps reading the arrays it started with."""
 
     matrix: NDArray[np.float32]
-    pks: NDArray[np.int64]
-    conversations: NDArray[np.int64]
+    items: NDArray[np.int64]
+    groups: NDArray[np.int64]
     seqs: NDArray[np.int64]
     used: int = 0
 
     @property
     def nbytes(self) -> int:
-        return int(
-            self.matrix.nbytes + self.pks.nbytes + self.conversations.nbytes + self.seqs.nbytes
-        )
+        return int(self.matrix.nbytes + self.items.nbytes + self.groups.nbytes + self.seqs.nbytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +121,37 @@ class VectorIndex:
         """The user's stored messages most similar to `query` (unit length), best first, at
         most `limit` of them and none below `min_similarity`; `conversation_pk` keeps it to
         one conversation."""
+        found = self.nearest_of(
+            "messages",
+            conn,
+            tenant_id,
+            user_id,
+            model,
+            query,
+            limit=limit,
+            min_similarity=min_similarity,
+            groups=None if conversation_pk is None else (conversation_pk,),
+        )
+        return [Hit(n.item_pk, n.group_pk, n.seq, n.score) for n in found]
+
+    def nearest_of(
+        self,
+        kind: str,
+        conn: Connection,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        query: Sequence[float],
+        *,
+        limit: int,
+        min_similarity: float = -1.0,
+        groups: Collection[int] | None = None,
+    ) -> list[Near]:
+        """The user's items of `kind` (`SOURCES`) most similar to `query` (unit length), best
+        first, at most `limit` of them and none below `min_similarity`; `groups` keeps it to
+        those conversations (messages) or attachments (passages)."""
         np = self._np
-        vectors = self._current(conn, (tenant_id, user_id, model))
+        vectors = self._current(conn, (kind, tenant_id, user_id, model))
         if vectors is None or vectors.n == 0 or limit <= 0:
             return []
         q = np.asarray(query, dtype=np.float32)
@@ -99,13 +159,14 @@ class VectorIndex:
         if q.shape[0] != b.matrix.shape[1]:
             return []  # a question embedded by another model's size: nothing comparable
         scores = b.matrix[:n] @ q
-        if conversation_pk is not None:
-            scores = np.where(b.conversations[:n] == conversation_pk, scores, -2.0)
+        if groups is not None:
+            wanted = np.fromiter(groups, dtype=np.int64)
+            scores = np.where(np.isin(b.groups[:n], wanted), scores, -2.0)
         take = min(limit, vectors.n)
         best = np.argpartition(-scores, take - 1)[:take] if take < vectors.n else np.arange(take)
         best = best[np.argsort(-scores[best], kind="stable")]
         return [
-            Hit(int(b.pks[i]), int(b.conversations[i]), int(b.seqs[i]), float(scores[i]))
+            Near(int(b.items[i]), int(b.groups[i]), int(b.seqs[i]), float(scores[i]))
             for i in best
             if scores[i] >= min_similarity and scores[i] > -2.0
         ]
@@ -114,12 +175,12 @@ class VectorIndex:
         """Drop what is kept of a user (or a whole tenant), e.g. once erased: not needed for
         correctness (the next search would notice), but the memory goes at once."""
         with self._lock:
-            for key in [k for k in self._users if k[0] == tenant_id and user_id in (None, k[1])]:
+            for key in [k for k in self._users if k[1] == tenant_id and user_id in (None, k[2])]:
                 self._bytes -= self._users.pop(key).nbytes
 
     def _current(self, conn: Connection, key: Key) -> _Vectors | None:
-        tenant_id, user_id, model = key
-        repo = MessageVectors(conn)
+        kind, tenant_id, user_id, model = key
+        repo = SOURCES[kind](conn)
         count, last_pk = repo.stats(tenant_id, user_id, model)
         with self._lock:
             kept = self._users.get(key)
@@ -184,15 +245,15 @@ class VectorIndex:
                 )
                 if buffer is not None:
                     fresh.matrix[:old_n] = buffer.matrix[:old_n]
-                    fresh.pks[:old_n] = buffer.pks[:old_n]
-                    fresh.conversations[:old_n] = buffer.conversations[:old_n]
+                    fresh.items[:old_n] = buffer.items[:old_n]
+                    fresh.groups[:old_n] = buffer.groups[:old_n]
                     fresh.seqs[:old_n] = buffer.seqs[:old_n]
                 buffer = fresh
             if rows:
                 blob = b"".join(r.vector for r in rows)
                 buffer.matrix[old_n:n] = np.frombuffer(blob, dtype=DTYPE).reshape(len(rows), dims)
-                buffer.pks[old_n:n] = [r.message_pk for r in rows]
-                buffer.conversations[old_n:n] = [r.conversation_pk for r in rows]
+                buffer.items[old_n:n] = [r.item_pk for r in rows]
+                buffer.groups[old_n:n] = [r.group_pk for r in rows]
                 buffer.seqs[old_n:n] = [r.seq for r in rows]
             buffer.used = n
         return _Vectors(buffer, n, count, last_pk)
@@ -200,7 +261,8 @@ class VectorIndex:
 
 @dataclass(frozen=True, slots=True)
 class SemanticQuery:
-    """Recall's vector half for one question: its embedding, and how vector hits count."""
+    """The vector half of one turn's searches (stored turns, memories, passages): the
+    question's embedding, made once, and how vector hits count."""
 
     index: VectorIndex
     model: str
@@ -226,4 +288,44 @@ class SemanticQuery:
             limit=limit,
             min_similarity=self.min_similarity,
             conversation_pk=conversation_pk,
+        )
+
+    def memories(
+        self, conn: Connection, tenant_id: str, user_id: str, *, limit: int
+    ) -> dict[int, float]:
+        """The user's memories nearest the question: memory pk -> similarity."""
+        found = self.index.nearest_of(
+            "memories",
+            conn,
+            tenant_id,
+            user_id,
+            self.model,
+            self.vector,
+            limit=limit,
+            min_similarity=self.min_similarity,
+        )
+        return {n.item_pk: n.score for n in found}
+
+    def passages(
+        self,
+        conn: Connection,
+        tenant_id: str,
+        user_id: str,
+        attachment_pks: Collection[int],
+        *,
+        limit: int,
+    ) -> list[Near]:
+        """The passages of those attachments (the user's) nearest the question."""
+        if not attachment_pks:
+            return []
+        return self.index.nearest_of(
+            "passages",
+            conn,
+            tenant_id,
+            user_id,
+            self.model,
+            self.vector,
+            limit=limit,
+            min_similarity=self.min_similarity,
+            groups=attachment_pks,
         )

@@ -311,7 +311,7 @@ class MemorySettings(_Strict):
     embedding_timeout_ms: int = Field(300, gt=0)
     # How much vector hits weigh against full-text hits when their scores are fused (the best
     # vector hit counts this much of the best full-text hit; policies/fusion.py), and how
-    # similar (cosine) a stored message must be to count as a vector hit at all.
+    # similar (cosine) a stored message, memory or passage must be to count as a vector hit.
     embedding_weight: float = Field(1.0, ge=0)
     embedding_min_similarity: float = Field(0.2, ge=-1, le=1)
 

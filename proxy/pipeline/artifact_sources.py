@@ -1,7 +1,12 @@
 """What a turn's artifacts are made of: the conversation's newest attachments, the stored ones
 the request names and the conversation's earlier tool results, read in one unit of work (of a
 document larger than the budget only what can go in); the artifacts made of them, and each
-passage's relevance to the question.
+passage's relevance to the question. Also storing a request's inline documents.
+
+A stored passage's relevance is its full-text score, fused (policies/fusion.py) with its
+cosine similarity to the question when the turn's question was embedded (the same vector
+recall uses) and the passage has a vector of that model: a passage that says what the question
+asks in other words is found too. Without vectors it is the full-text score alone.
 """
 
 from __future__ import annotations
@@ -9,15 +14,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Connection
 
 from policies.artifact_prompts import SUMMARY_SOURCE_CHARS
 from policies.artifacts import Artifact, Passage, Relevance, score_passages
 from policies.chunks import counted_chunks
+from policies.fusion import hybrid_scores
 from policies.model_json import clip, text_of
+from proxy.background.embedding_items import queue_passages
+from proxy.background.vector_index import SemanticQuery
+from proxy.core.requests import Inline
 from storage.records import AttachmentRecord, ChunkRecord, MessageRecord
-from storage.repositories.attachments import Attachments
+from storage.repositories.attachments import Attachments, ChunkHit, new_attachment_id
 from storage.repositories.conversations import Conversations
 
 MAX_ATTACHMENTS = 50  # of a conversation, considered per turn
@@ -44,6 +54,47 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+Chunked = Sequence[tuple[Inline, list[tuple[str, int]]]]
+
+
+def store_documents(
+    conn: Connection,
+    *,
+    request_id: str,
+    tenant_id: str,
+    user_id: str,
+    conversation_pk: int,
+    documents: Chunked,
+    now: datetime,
+    embed: bool = False,
+) -> None:
+    """Store a request's inline documents (with their passages, `chunked`) with its
+    conversation; one the conversation has already (the same text) is not stored again.
+    `embed`: queue the embedding of their passages (the tenant has embeddings on)."""
+    repo = Attachments(conn)
+    have = repo.content_hashes(tenant_id, conversation_pk)
+    for doc, chunks in documents:
+        content = doc.content or ""
+        if content_hash(content) in have:
+            continue
+        have.add(content_hash(content))
+        created = repo.create(
+            tenant_id,
+            user_id,
+            conversation_pk,
+            new_attachment_id(),
+            content=content,
+            chunks=chunks,
+            now=now,
+            origin="inline",
+            title=doc.title,
+            source=doc.source,
+            exchange_id=request_id,
+        )
+        if embed:
+            queue_passages(conn, tenant_id, user_id, created.id, now=now, exchange_id=request_id)
+
+
 def read_sources(
     conn: Connection,
     tenant_id: str,
@@ -54,9 +105,10 @@ def read_sources(
     terms: Sequence[str],
     tool_results: int,
     budget: int,
+    semantic: SemanticQuery | None = None,
 ) -> tuple[Sources, dict[tuple[int, int], float]]:
-    """The sources, and the full-text search's score of each stored passage that matches
-    `terms` ((attachment pk, seq) -> score)."""
+    """The sources, and the score of each stored passage that matches `terms` or, with
+    `semantic`, is near the question ((attachment pk, seq) -> score)."""
     repo = Attachments(conn)
     stored = (  # the newest (this request's own among them), without their text
         repo.for_conversation(
@@ -76,6 +128,10 @@ def read_sources(
         have.add(found.id)
     pks = [a.pk for a in stored]
     matched = repo.search(tenant_id, pks, terms, limit=SEARCH_HITS)
+    if semantic is not None:  # (the index holds the user's own passages only)
+        near = semantic.passages(conn, tenant_id, user_id, pks, limit=SEARCH_HITS)
+        vector_hits = [ChunkHit(n.item_pk, n.group_pk, n.seq, n.score) for n in near]
+        matched = _fused(matched, vector_hits, semantic.weight)
     hits = {(h.attachment_pk, h.seq): h.score for h in matched}
     # Only what can go in is read: a document larger than the budget never goes whole,
     # so of it only its matching passages and its opening (a preview; what goes when
@@ -97,6 +153,23 @@ def read_sources(
         else []
     )
     return Sources(stored, chunks, counts, tools), hits
+
+
+def _fused(lexical: Sequence[ChunkHit], near: Sequence[ChunkHit], weight: float) -> list[ChunkHit]:
+    """Full-text hits and vector hits (scored by similarity) as one list, best first, scored
+    by `hybrid_scores` (by chunk pk); the full-text hits as they are without vector hits."""
+    if not near:
+        return list(lexical)
+    where = {h.pk: h for h in [*near, *lexical]}
+    scores = hybrid_scores(
+        {h.pk: h.score for h in lexical},
+        {h.pk: h.score for h in near},
+        semantic_weight=weight,
+    )
+    return [
+        ChunkHit(pk, where[pk].attachment_pk, where[pk].seq, score)
+        for pk, score in sorted(scores.items(), key=lambda kv: -kv[1])
+    ]
 
 
 def artifacts_of(sources: Sources, in_prompt_calls: set[str]) -> list[Artifact]:

@@ -38,6 +38,8 @@ from policies.pricing import Usage
 from policies.recall import query_terms
 from proxy.accounting.costs import TOKENIZE_INLINE_CHARS, usage_or_estimate
 from proxy.accounting.metrics import Metrics
+from proxy.background.embeddings import Embeddings
+from proxy.background.vector_index import SemanticQuery
 from proxy.core.config import Config, TenantConfig
 from proxy.core.errors import BadRequest
 from proxy.core.requests import Inline
@@ -48,14 +50,16 @@ from proxy.pipeline.artifact_sources import (
     content_hash,
     read_sources,
     relevance_of,
+    store_documents,
 )
 from proxy.pipeline.artifact_summaries import FocusedSummaries
 from proxy.pipeline.memory import ConversationMemory
+from proxy.pipeline.turn import ANONYMOUS
 from proxy.upstream.base import Upstream
 from proxy.upstream.sse import reply_from_completion
 from storage.database import Database
 from storage.errors import StorageError
-from storage.repositories.attachments import Attachments, new_attachment_id
+from storage.repositories.attachments import Attachments
 
 log = structlog.get_logger("memproxy.artifacts")
 
@@ -116,43 +120,6 @@ async def chunked(text: str) -> list[tuple[str, int]]:
     return counted_chunks(text)
 
 
-Chunked = Sequence[tuple[Inline, list[tuple[str, int]]]]
-
-
-def store_documents(
-    conn: Connection,
-    *,
-    request_id: str,
-    tenant_id: str,
-    user_id: str,
-    conversation_pk: int,
-    documents: Chunked,
-    now: datetime,
-) -> None:
-    """Store a request's inline documents (with their passages, `chunked`) with its
-    conversation; one the conversation has already (the same text) is not stored again."""
-    repo = Attachments(conn)
-    have = repo.content_hashes(tenant_id, conversation_pk)
-    for doc, chunks in documents:
-        content = doc.content or ""
-        if content_hash(content) in have:
-            continue
-        have.add(content_hash(content))
-        repo.create(
-            tenant_id,
-            user_id,
-            conversation_pk,
-            new_attachment_id(),
-            content=content,
-            chunks=chunks,
-            now=now,
-            origin="inline",
-            title=doc.title,
-            source=doc.source,
-            exchange_id=request_id,
-        )
-
-
 class Artifacts:
     """Per tenant: the planner's and summariser's upstream, and the work of one turn."""
 
@@ -163,8 +130,9 @@ class Artifacts:
         db: Database,
         memory: ConversationMemory,
         metrics: Metrics,
+        embeddings: Embeddings | None = None,
     ) -> None:
-        self.db, self.memory, self.metrics = db, memory, metrics
+        self.db, self.memory, self.metrics, self.embeddings = db, memory, metrics, embeddings
         self.summaries = FocusedSummaries(db, memory, metrics)
         self._upstreams = {
             name: upstreams[tenant.attachments.upstream or tenant.upstream]
@@ -217,6 +185,8 @@ class Artifacts:
             conversation_pk=conversation_pk,
             documents=prepared,
             now=datetime.now(UTC),
+            embed=self.embeddings is not None
+            and self.embeddings.wanted(tenant_id, user_id, "full", ANONYMOUS),
         )
 
         try:
@@ -245,6 +215,7 @@ class Artifacts:
         started_at: datetime,
         storage_away: bool = False,
         tool_results: bool = True,
+        semantic: SemanticQuery | None = None,
     ) -> Attached:
         """The artifacts of this turn fitted into `budget` tokens. `store_in`: the conversation
         (pk) the inline documents are first stored with (mode `full`; they are then read as
@@ -253,7 +224,8 @@ class Artifacts:
         among its last `TOOL_WINDOW` messages); `started_at`: when the request began;
         `storage_away`: the request found the database away already (its turn was not
         stored), so the summary cache is not waited for either; `tool_results`: False when
-        the prompt holds the conversation's earlier tool results wherever they are."""
+        the prompt holds the conversation's earlier tool results wherever they are;
+        `semantic`: the question's vector, which finds stored passages by meaning too."""
         settings = tenant.attachments
         attached = Attached()
         stored = store_in is not None and await self._store_inline(
@@ -285,6 +257,7 @@ class Artifacts:
                             terms,
                             settings.tool_results and tool_results,
                             budget,
+                            semantic,
                         )
                     )
                 )

@@ -28,7 +28,7 @@ from proxy.pipeline.artifacts import NOTHING_ATTACHED, Attached
 from proxy.pipeline.identify import TurnRequest
 from proxy.pipeline.load import Loaded
 from proxy.pipeline.recall import NOTHING, Recall
-from proxy.pipeline.recall_turn import last_user_text, recall_for
+from proxy.pipeline.recall_turn import last_user_text, recall_for, semantic_query
 from proxy.pipeline.summaries import summarize_history
 from proxy.pipeline.turn import Turn, now
 from storage.errors import StorageError
@@ -76,7 +76,7 @@ async def assemble_turn(
     )
     attach = turn is not None and use_memory and req.turn.attach_history
     history = turn.history if turn is not None and attach else []
-    attached = await _attach(req, loaded, history, budget, use_memory)
+    attached = await _attach(req, loaded, history, budget, use_memory, question)
     paid(attached)
     left = ctx.token_budget - attached.tokens
     recall_budget = left
@@ -177,13 +177,19 @@ def _note_skipped(req: TurnRequest, loaded: Loaded, **failed: bool) -> bool:
 
 
 async def _attach(
-    req: TurnRequest, loaded: Loaded, history: list[StoredTurn], budget: Budget, use_memory: bool
+    req: TurnRequest,
+    loaded: Loaded,
+    history: list[StoredTurn],
+    budget: Budget,
+    use_memory: bool,
+    question: asyncio.Task[Vector | None] | None,
 ) -> Attached:
     """The conversation's attachments, the request's own (inline, or stored ones it names) and
     earlier tool results, fitted into the attachments' share of the budget. The request's
     inline documents are stored with the conversation first in mode `full`. The request's own
     go in every mode; the conversation's not in mode `off` nor when an intent policy says
-    `memory: false`."""
+    `memory: false`. Stored passages are found by the question's words, and by its vector
+    (recall's, `question`) when it was embedded."""
     turn, tenant, inline, messages = (
         loaded.turn,
         req.principal.tenant,
@@ -210,6 +216,8 @@ async def _attach(
         for m in [*messages, *(h.message for h in at_most)]
         if m.get("role") == "tool"
     }
+    stored = conversation is not None or any(i.attachment_id for i in inline)
+    semantic = await semantic_query(req, question) if stored else None
     try:  # (what the database fails to do in time is left out inside, and recorded)
         return await req.services.artifacts.attach(
             tenant,
@@ -229,6 +237,7 @@ async def _attach(
             budget=room,
             started_at=req.started_at,
             storage_away=turn is None,
+            semantic=semantic,
         )
     except Exception:  # a bug here must not fail the turn: logged, the request goes on
         log.exception("attachments_error", request_id=req.request_id)

@@ -1,8 +1,9 @@
 """Recall on the request path: search the user's stored turns and memories (one read), rank
 and pack them (policies/recall.py, policies/memories.py) into the recall share of the budget.
 
-Memories come first: every pinned one, then the others most relevant to the turn, up to
-`memory_share` of the recall budget together; excerpts of stored turns get the rest."""
+Memories come first: every pinned one, then the others most relevant to the turn (by words,
+and by meaning when the question was embedded and the memories were), up to `memory_share` of
+the recall budget together; excerpts of stored turns get the rest."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy import Connection
 
 from policies.context import Recalled
 from policies.fusion import hybrid_scores
-from policies.memories import rank_memories, stem
+from policies.memories import rank_by_words_and_meaning, stem
 from policies.recall import (
     WIDE_RADIUS,
     Excerpt,
@@ -88,14 +89,15 @@ async def recall(
     """Excerpts of the user's stored turns relevant to `text`, within `budget_tokens`.
     `conversation_pk` keeps the search to one conversation (an anonymous user's); `hidden`
     (conversation pk, seq) leaves out that conversation's messages from that seq on.
-    `semantic` (embeddings on) adds the nearest stored messages by vector, fused with the
-    full-text hits by rank. Without `excerpts`, only memories are attached."""
+    `semantic` (embeddings on) adds the nearest stored messages and memories by vector,
+    fused with the full-text hits. Without `excerpts`, only memories are attached."""
     terms = query_terms(text)
     if budget_tokens <= 0:
         return NOTHING
     with_memories = conversation_pk is None  # not for the anonymous user
     near: list[Hit] = []  # vector hits, read in the same snapshot as everything else
     wide: set[int] = set()  # the hits read with a wide window around them
+    near_memories: dict[int, float] = {}  # memory pk -> similarity, of those read back
 
     def work(
         conn: Connection,
@@ -107,6 +109,10 @@ async def recall(
             if terms and memory_share > 0:
                 stems = sorted({stem(t) for t in terms})
                 others = memories.relevant(tenant_id, user_id, stems, limit=MEMORY_CANDIDATES)
+            if semantic is not None and memory_share > 0:
+                others = _with_near_memories(
+                    conn, semantic, tenant_id, user_id, others, near_memories
+                )
         if not excerpts or (not terms and semantic is None):
             return [], [], pinned, others
         search = MessageSearch(conn)
@@ -150,7 +156,12 @@ async def recall(
     used = sum(count_text(f) + MEMORY_LINE_TOKENS for f in facts)
     known: list[MemoryRecord] = []
     memory_room = int(budget_tokens * memory_share) - used
-    for memory in rank_memories(terms, [(m, m.text) for m in others]):
+    by_pk = {m.pk: m for m in others}
+    weight = semantic.weight if semantic is not None else 0.0
+    ranked_memories = rank_by_words_and_meaning(
+        terms, [(m.pk, m.text) for m in others], near_memories, weight=weight
+    )
+    for memory in (by_pk[pk] for pk in ranked_memories):
         cost = count_text(memory.text) + MEMORY_LINE_TOKENS
         if cost > memory_room:
             break
@@ -170,6 +181,27 @@ async def recall(
         [m.id for m in known[: len(fitted.known)]],
         [m.pk for m in attached],
     )
+
+
+def _with_near_memories(
+    conn: Connection,
+    semantic: SemanticQuery,
+    tenant_id: str,
+    user_id: str,
+    others: list[MemoryRecord],
+    similarity: dict[int, float],
+) -> list[MemoryRecord]:
+    """`others` (the memories that share a word with the turn) with the user's unpinned
+    memories nearest the question, read back in the same snapshot (what is gone or pinned
+    since it was embedded does not count), newest first; `similarity` gets each one's."""
+    near = semantic.memories(conn, tenant_id, user_id, limit=MEMORY_CANDIDATES)
+    if not near:
+        return others
+    have = {m.pk for m in others}
+    more = Memories(conn).unpinned_of(tenant_id, user_id, [pk for pk in near if pk not in have])
+    both = sorted([*others, *more], key=lambda m: -m.pk)
+    similarity.update({m.pk: near[m.pk] for m in both if m.pk in near})
+    return both
 
 
 def _scores(

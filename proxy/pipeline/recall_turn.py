@@ -34,13 +34,13 @@ class TurnRecall:
 
 
 def embed_question(req: TurnRequest) -> asyncio.Task[Vector | None] | None:
-    """Start embedding the newest user message when recall will want it (the tenant has
-    embeddings on, the user is named, memory is not off): it runs while the turn is stored
-    and classified."""
+    """Start embedding the newest user message when the turn's searches will want it (the
+    tenant has embeddings on, the user is named, memory is not off): it runs while the turn is
+    stored and classified, and recall (stored turns, memories) and the attachments' passages
+    all use this one vector."""
     tenant, messages = req.principal.tenant, req.turn.messages
     if (
         tenant.memory.embeddings == "off"
-        or not tenant.context.recall
         or req.identity.mode == "off"
         or req.user_id == ANONYMOUS
         or not messages
@@ -53,10 +53,11 @@ def embed_question(req: TurnRequest) -> asyncio.Task[Vector | None] | None:
     )
 
 
-async def _semantic(
+async def semantic_query(
     req: TurnRequest, question: asyncio.Task[Vector | None] | None
 ) -> SemanticQuery | None:
-    """Recall's vector half, when the question's embedding arrived in time."""
+    """The searches' vector half, when the question's embedding arrived in time (awaited by
+    whichever search asks first; the others find it done)."""
     index = req.services.vectors
     if question is None or index is None:
         return None
@@ -99,7 +100,7 @@ async def recall_for(
         for m in [*messages, *(h.message for h in history)]
     ]
     started = time.perf_counter()
-    semantic = await _semantic(req, question) if search else None
+    semantic = await semantic_query(req, question)  # (memories use it without `search` too)
     failed = False
     try:
         found = await req.services.memory.in_time(

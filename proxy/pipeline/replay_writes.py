@@ -23,7 +23,7 @@ from proxy.accounting.charges import add_part
 from proxy.core.config import TenantConfig
 from proxy.core.errors import ProxyError
 from proxy.durability.spill import Spilled
-from proxy.pipeline.artifacts import Chunked, store_documents
+from proxy.pipeline.artifact_sources import Chunked, store_documents
 from proxy.pipeline.intent import record_intent
 from proxy.pipeline.reply import answered_since, finish_in
 from proxy.pipeline.spill_entries import SpilledRequest, dates_in, kept_of
@@ -202,10 +202,11 @@ class ReplayWrites:
         turn.embed = bool(flags.get("embed", wanted.embed))
         turn.summarize_through = flags.get("summarize_through")
 
-    @staticmethod
-    def _store(conn: Connection, head: Spilled, conversation_pk: int, documents: Chunked) -> None:
+    def _store(
+        self, conn: Connection, head: Spilled, conversation_pk: int, documents: Chunked
+    ) -> None:
         """A spilled turn's inline documents, with its conversation (those already there, by
-        their content, are not stored twice)."""
+        their content, are not stored twice), embedded as a live turn's are."""
         store_documents(
             conn,
             request_id=head.request_id,
@@ -214,6 +215,7 @@ class ReplayWrites:
             conversation_pk=conversation_pk,
             documents=documents,
             now=head.at,
+            embed=self.wanted(head.tenant_id, head.user_id, "full").embed,
         )
 
     def _resumed(self, conn: Connection, found: ExchangeRecord, outcome: Spilled | None) -> Turn:

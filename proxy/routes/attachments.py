@@ -2,8 +2,9 @@
 
 Upload as JSON (`{"content", "title"?, "source"?, "media_type"?}`) or as a multipart form
 (a `file` part: text, Markdown, HTML or PDF; optional `title` and `source`); the text is
-extracted, cut into passages and indexed for search, and the processing plan draws on it when
-the conversation continues. List, get (with the text) and delete. Scope `manage`,
+extracted, cut into passages and indexed for search (and embedded by a background job when
+the tenant has embeddings on), and the processing plan draws on it when the conversation
+continues. List, get (with the text) and delete. Scope `manage`,
 tenant-scoped: another tenant's conversation or attachment is 404 like an unknown one.
 
 Limits: `server.max_attachment_bytes` on what is uploaded (an upload may exceed
@@ -24,13 +25,14 @@ from litestar.openapi.spec import OpenAPIMediaType, RequestBody
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
+from proxy.background.embedding_items import queue_passages
 from proxy.core.auth import Principal
 from proxy.core.config import ServerConfig
 from proxy.core.errors import BadRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from proxy.core.json_responses import json_response
 from proxy.core.requests import MAX_SOURCE, MAX_TITLE, parse_json_object, refuse_unknown
 from proxy.pipeline.documents import HTML, MARKDOWN, PLAIN, extract_text, index_text, media_type_of
-from proxy.pipeline.turn import now
+from proxy.pipeline.turn import ANONYMOUS, now
 from proxy.routes.api_types import (
     Attachment,
     AttachmentList,
@@ -268,7 +270,7 @@ async def upload_attachment(
 
     def work(conn: Connection) -> AttachmentRecord:
         conversation = _conversation(conn, tenant, conversation_id)
-        return Attachments(conn).create(
+        created = Attachments(conn).create(
             tenant,
             conversation.user_id,
             conversation.pk,
@@ -283,8 +285,12 @@ async def upload_attachment(
             source=upload.source,
             size_bytes=len(upload.data),
         )
+        if services.embeddings.wanted(tenant, created.user_id, "full", ANONYMOUS):
+            queue_passages(conn, tenant, created.user_id, created.id, now=now())
+        return created
 
     created = await services.db.write(work)
+    services.jobs.wake()
     shown = attachment_object(conversation_id, created, len(indexed.chunks))
     return json_response(shown, status=201)
 

@@ -56,10 +56,12 @@ from storage.records import (
     SummaryRecord,
 )
 from storage.repositories.attachments import Attachments
+from storage.repositories.chunk_vectors import ChunkVectors
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.vectors import MessageVectors
@@ -131,8 +133,11 @@ class UserExport:
             yield b"," + encode(name) + b":"
             async for piece in array(self._pages(fetch), shown):
                 yield piece
-        vectors = await self.snapshot.read(
-            lambda c: MessageVectors(c).count(self.tenant, self.user)
+        vectors = await self.snapshot.read(  # (of messages, memories and passages)
+            lambda c: sum(
+                table(c).count(self.tenant, self.user)
+                for table in (MessageVectors, MemoryVectors, ChunkVectors)
+            )
         )
         yield b',"vectors":' + encode(vectors) + b"}"
 

@@ -1,7 +1,8 @@
 """`/v1/memory/memories`: the facts and preferences kept about a user, which they can list,
 search, create, correct, pin and delete. Scope `manage`, tenant-scoped; another tenant's id is
 404 like an unknown one, and so is another user's when `?user=` names the user acting.
-Pinned memories are attached to every turn of their user."""
+Pinned memories are attached to every turn of their user. A memory created, or its text
+edited, is embedded by a background job when the tenant has embeddings on."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from policies.recall import query_terms
+from proxy.background.embedding_items import queue_memories
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import parse_json_object
-from proxy.pipeline.turn import now
+from proxy.pipeline.turn import ANONYMOUS, now
 from proxy.routes.api_types import (
     CreateMemoryRequest,
     Deleted,
@@ -152,12 +154,23 @@ async def create_memory(
 
     def work(conn: Connection) -> MemoryRecord:
         Erasures(conn).share(principal.tenant_id, user)  # (wholly before an erasure, or after)
-        return Memories(conn).create(
+        created = Memories(conn).create(
             principal.tenant_id, user, memory_id, fields.pop("text"), now=now(), **fields
         )
+        queue_embedding(conn, services, created)
+        return created
 
     created = await services.db.write(work)
+    services.jobs.wake()
     return json_response(memory_object(created), status=201)
+
+
+def queue_embedding(conn: Connection, services: AppState, memory: MemoryRecord) -> None:
+    """A memory created, or its text edited, is embedded (again) by a background job, when
+    the tenant has embeddings on and the user is named; until then it is found by words."""
+    if services.embeddings.wanted(memory.tenant_id, memory.user_id, "full", ANONYMOUS):
+        version = int(memory.updated_at.timestamp() * 1_000_000)
+        queue_memories(conn, memory.tenant_id, memory.user_id, f"{memory.id}@{version}", now=now())
 
 
 def _owner(request: Request[Any, Any, Any]) -> str | None:
@@ -201,13 +214,20 @@ async def update_memory(
     fields = _fields(parse_json_object(await request.body(), FIELDS), creating=False)
     if not fields:
         raise BadRequest("Nothing to update: send text, kind, pinned or confidence.")
-    updated = await services.db.write(
-        lambda conn: Memories(conn).update(
+
+    def work(conn: Connection) -> MemoryRecord | None:
+        # (A new text takes the old one's vectors with it: Memories.update.)
+        updated = Memories(conn).update(
             principal.tenant_id, memory_id, now=now(), user_id=user, **fields
         )
-    )
+        if updated is not None and "text" in fields:
+            queue_embedding(conn, services, updated)
+        return updated
+
+    updated = await services.db.write(work)
     if updated is None:
         raise _not_found(memory_id)
+    services.jobs.wake()
     return json_response(memory_object(updated))
 
 

@@ -23,10 +23,12 @@ from proxy.routes.params import user_param
 from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.repositories.attachments import Attachments
+from storage.repositories.chunk_vectors import ChunkVectors
 from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 from storage.repositories.jobs import Jobs
 from storage.repositories.memories import Memories
+from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.system import SystemRepository
@@ -77,7 +79,10 @@ def erase_user(conn: Connection, tenant_id: str, user_id: str) -> dict[str, int]
     jobs = Jobs(conn).delete_user(tenant_id, user_id)
     conversations = Conversations(conn)
     conversations.lock(tenant_id, user_id=user_id)
-    vectors = MessageVectors(conn).delete_user(tenant_id, user_id)
+    vectors = sum(  # of their messages, memories and attachments' passages
+        table(conn).delete_user(tenant_id, user_id)
+        for table in (MessageVectors, MemoryVectors, ChunkVectors)
+    )
     attachments = Attachments(conn).delete_user(tenant_id, user_id)
     counts = conversations.delete_user(tenant_id, user_id)
     SystemRepository(conn).drop_deleted_from_search()  # (nor their words in the indexes)

@@ -25,6 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from storage.errors import ConflictError
 from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS
 from storage.records import AttachmentRecord, ChunkRecord
+from storage.repositories.chunk_vectors import ChunkVectors
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.summaries import Summaries
@@ -254,12 +255,13 @@ class Attachments:
         return [ChunkHit(r.pk, r.attachment_pk, r.seq, float(r.score)) for r in rows]
 
     def delete(self, tenant_id: str, attachment_id: str) -> bool:
-        """Delete an attachment with its chunks (and so their index entries) and the summaries
-        made of it."""
+        """Delete an attachment with its chunks (and so their index entries and vectors) and
+        the summaries made of it."""
         found = self.get(tenant_id, attachment_id)
         if found is None:
             return False
         Summaries(self.conn).delete_subjects(tenant_id, found.user_id, [attachment_id])
+        ChunkVectors(self.conn).delete_attachments(tenant_id, [found.pk])  # (the cascade's too)
         self.conn.execute(
             delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk == found.pk)
         )
@@ -267,8 +269,8 @@ class Attachments:
         return True
 
     def delete_conversation(self, tenant_id: str, conversation_pk: int) -> int:
-        """Delete a conversation's attachments, their chunks and the summaries made of them;
-        how many attachments."""
+        """Delete a conversation's attachments, their chunks (and vectors) and the summaries
+        made of them; how many attachments."""
         owned = select(A.c.pk).where(
             A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk
         )
@@ -280,6 +282,9 @@ class Attachments:
             by_user.setdefault(user_id, []).append(attachment_id)
         for user_id, subjects in by_user.items():  # (the conversation's user's, in practice)
             Summaries(self.conn).delete_subjects(tenant_id, user_id, subjects)
+        ChunkVectors(self.conn).delete_attachments(
+            tenant_id, list(self.conn.execute(owned).scalars())
+        )
         self.conn.execute(delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk.in_(owned)))
         result = self.conn.execute(
             delete(A).where(A.c.tenant_id == tenant_id, A.c.conversation_pk == conversation_pk)
@@ -287,7 +292,8 @@ class Attachments:
         return int(result.rowcount)
 
     def delete_user(self, tenant_id: str, user_id: str) -> int:
-        """Erase a user's attachments and their chunks; how many attachments."""
+        """Erase a user's attachments, their chunks and their vectors; how many attachments."""
+        ChunkVectors(self.conn).delete_user(tenant_id, user_id)
         owned = select(A.c.pk).where(A.c.tenant_id == tenant_id, A.c.user_id == user_id)
         self.conn.execute(delete(K).where(K.c.tenant_id == tenant_id, K.c.attachment_pk.in_(owned)))
         result = self.conn.execute(

@@ -16,7 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from storage.errors import ConflictError
 from storage.models import MEMORIES
 from storage.records import MemoryRecord
-from storage.repositories.rows import advisory_lock, columns, delete_chosen, utc_row
+from storage.repositories.memory_vectors import MemoryVectors
+from storage.repositories.rows import advisory_lock, columns, utc_row
 
 R = MEMORIES
 _COLUMNS = columns(R, MemoryRecord)
@@ -188,13 +189,26 @@ class Memories:
             .where(*_which(tenant_id, memory_id, user_id))
             .values({**fields, "updated_at": now})
         )
-        return self.get(tenant_id, memory_id) if result.rowcount else None
+        if not result.rowcount:
+            return None
+        found = self.get(tenant_id, memory_id)
+        assert found is not None
+        if fields.get("text") is not None:
+            # Its vectors said the old text: gone (after the row's lock is taken, so a vector
+            # being stored for the old text meanwhile goes too: memory_vectors.py).
+            MemoryVectors(self.conn).delete_memories(tenant_id, [found.pk])
+        return found
 
     def delete(self, tenant_id: str, memory_id: str, user_id: str | None = None) -> bool:
-        result = self.conn.execute(delete(R).where(*_which(tenant_id, memory_id, user_id)))
+        found = self.get(tenant_id, memory_id, user_id)
+        if found is None:
+            return False
+        MemoryVectors(self.conn).delete_memories(tenant_id, [found.pk])  # (the cascade's too)
+        result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.pk == found.pk))
         return bool(result.rowcount)
 
     def delete_user(self, tenant_id: str, user_id: str) -> int:
+        MemoryVectors(self.conn).delete_user(tenant_id, user_id)  # (the cascade's too)
         result = self.conn.execute(
             delete(R).where(R.c.tenant_id == tenant_id, R.c.user_id == user_id)
         )
@@ -203,17 +217,23 @@ class Memories:
     def delete_unused_since(self, tenant_id: str, cutoff: datetime, *, limit: int) -> int:
         """Delete up to `limit` of the tenant's memories neither pinned, changed nor used since
         `cutoff` (retention, in batches; pinned ones are the user's own choice and stay)."""
-        stale = (
-            select(R.c.pk)
-            .where(
-                R.c.tenant_id == tenant_id,
-                R.c.pinned.is_(False),
-                R.c.updated_at < cutoff,
-                or_(R.c.last_used_at.is_(None), R.c.last_used_at < cutoff),
-            )
-            .limit(limit)
+        stale = list(
+            self.conn.execute(
+                select(R.c.pk)
+                .where(
+                    R.c.tenant_id == tenant_id,
+                    R.c.pinned.is_(False),
+                    R.c.updated_at < cutoff,
+                    or_(R.c.last_used_at.is_(None), R.c.last_used_at < cutoff),
+                )
+                .limit(limit)
+            ).scalars()
         )
-        return delete_chosen(self.conn, R, tenant_id, stale)
+        if not stale:
+            return 0
+        MemoryVectors(self.conn).delete_memories(tenant_id, stale)  # (the cascade's too)
+        result = self.conn.execute(delete(R).where(R.c.tenant_id == tenant_id, R.c.pk.in_(stale)))
+        return int(result.rowcount)
 
     def pinned(self, tenant_id: str, user_id: str, *, limit: int) -> list[MemoryRecord]:
         """The user's oldest `limit` pinned memories, oldest first (the order they are shown
@@ -238,6 +258,21 @@ class Memories:
                 "terms": json.dumps([fold(t) for t in terms]),
                 "limit": limit,
             },
+        )
+        return [_record(r) for r in rows]
+
+    def unpinned_of(self, tenant_id: str, user_id: str, pks: Sequence[int]) -> list[MemoryRecord]:
+        """Those of the memories `pks` that are the user's, still there and not pinned (vector
+        hits read back: what the search found counts only if it is still so)."""
+        if not pks:
+            return []
+        rows = self.conn.execute(
+            select(*_COLUMNS).where(
+                R.c.tenant_id == tenant_id,
+                R.c.user_id == user_id,
+                R.c.pinned.is_(False),
+                R.c.pk.in_(list(pks)),
+            )
         )
         return [_record(r) for r in rows]
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection, and_, delete, exists, func, select
+from sqlalchemy import Connection, Table, and_, delete, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -45,20 +46,39 @@ class Backlog:
 
 @dataclass(frozen=True, slots=True)
 class NewVector:
-    message_pk: int
+    """A vector to store for a message, memory or passage (`item_pk`)."""
+
+    item_pk: int
     vector: bytes  # policies.vectors.encode
     dims: int
+    # The text embedded: where given, the vector is stored only while its item still says
+    # that (a memory edited meanwhile is embedded again, by the job its edit queued).
+    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StoredVector:
-    """A vector with where its message is (to read the message and its neighbours)."""
+    """A vector with where its item is: a message's conversation and seq (to read it and its
+    neighbours), a passage's attachment and seq; a memory has neither (0)."""
 
     pk: int  # the vector's own: they are read in this order, incrementally
-    message_pk: int
-    conversation_pk: int
+    item_pk: int
+    group_pk: int
     seq: int
     vector: bytes
+
+
+def insert_vectors(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert vector rows, skipping those whose item has its vector of that model already;
+    how many were stored. One statement (an executemany's row count is not reliable on every
+    driver)."""
+    if not rows:
+        return 0
+    insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    stored = conn.execute(
+        insert(table).values(list(rows)).on_conflict_do_nothing().returning(table.c.pk)
+    ).all()
+    return len(stored)
 
 
 class MessageVectors:
@@ -134,13 +154,13 @@ class MessageVectors:
                 select(M.c.pk).where(
                     M.c.tenant_id == tenant_id,
                     M.c.user_id == user_id,
-                    M.c.pk.in_([v.message_pk for v in vectors]),
+                    M.c.pk.in_([v.item_pk for v in vectors]),
                 )
             )
         }
         rows = [
             {
-                "message_pk": v.message_pk,
+                "message_pk": v.item_pk,
                 "tenant_id": tenant_id,
                 "user_id": user_id,
                 "model": model,
@@ -149,16 +169,9 @@ class MessageVectors:
                 "created_at": now,
             }
             for v in vectors
-            if v.message_pk in mine
+            if v.item_pk in mine
         ]
-        if not rows:
-            return 0
-        insert = pg_insert if self.conn.dialect.name == "postgresql" else sqlite_insert
-        # One statement (an executemany's row count is not reliable on every driver).
-        stored = self.conn.execute(
-            insert(V).values(rows).on_conflict_do_nothing().returning(V.c.pk)
-        ).all()
-        return len(stored)
+        return insert_vectors(self.conn, V, rows)
 
     def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]:
         """(how many vectors of `model` the user has, the newest one's pk or 0): enough to

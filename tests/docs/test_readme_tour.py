@@ -100,7 +100,10 @@ def test_readme_tour_runs_as_written(shipped_server: Replica) -> None:
         assert int(second.headers["x-memory-memories"]) >= 1
         assert "system=1" in second.parse().choices[0].message.content
         recalled = namespace["record"]["attached"]["recalled"]
-        assert first.headers["x-memory-conversation-id"] in {r["conversation_id"] for r in recalled}
+        # (The memory extraction makes of the first turn is among them when its job ended
+        # before the second turn: it has no conversation.)
+        conversations = {r["conversation_id"] for r in recalled if "message" in r}
+        assert first.headers["x-memory-conversation-id"] in conversations
 
         # A thin client's next turn gets the conversation's history.
         assert third.headers["x-memory-history-messages"] == "2"

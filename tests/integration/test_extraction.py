@@ -59,7 +59,8 @@ def config(main_url: str, memory_url: str) -> Config:
             "t1": TenantConfig(
                 api_keys=[KEY],
                 upstream="main",
-                # (Embeddings off: their jobs would be listed beside the extraction's.)
+                # (Embeddings off: these pin extraction, and its jobs alone; embedding what
+                # extraction writes is tests/integration/test_hybrid_memories_and_passages.py's.)
                 memory=MemorySettings(
                     extract="llm", model=MEMORY_MODEL, upstream="memory", embeddings="off"
                 ),
@@ -113,7 +114,8 @@ class Proxy:
         """The exchange's extraction job, once it has ended (done or dead)."""
 
         async def ended() -> dict[str, Any] | None:
-            found = await self.jobs(subject=request_id)
+            # (Its embedding jobs have the exchange for their subject too.)
+            found = await self.jobs(subject=request_id, kind="extract_memories")
             return found[0] if found and found[0]["status"] in until else None
 
         return await eventually(ended)
