@@ -153,7 +153,7 @@ async def test_a_local_embedder_that_fails_raises_an_embedding_error(
 
 
 async def test_embeddings_report_a_loaded_model() -> None:
-    config = make_config(UpstreamConfig(kind="echo"))  # local is the default
+    config = make_config(UpstreamConfig(kind="echo"), memory=MemorySettings())  # local: the default
     metrics = Metrics()
     embeddings = Embeddings(
         config, {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}, metrics
