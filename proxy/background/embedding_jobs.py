@@ -22,7 +22,7 @@ from policies.pricing import Usage
 from policies.vectors import EMBED_JOB_KIND, BadVector, encode
 from proxy.accounting.charges import EMBEDDING, MemoryCharges
 from proxy.accounting.metrics import Metrics
-from proxy.background.embeddings import EmbeddingError, Embeddings
+from proxy.background.embeddings import Embedded, EmbeddingError, Embeddings
 from proxy.background.jobs import Apply, JobFailed
 from storage.database import Database
 from storage.errors import StorageError
@@ -113,18 +113,22 @@ class MessageEmbedder:
         if not pending:
             # Embedded already, or erased / deleted since.
             return lambda conn: {"model": model, "embedded": 0}
+        # A turn's question was embedded on the request path: its stored message is not again.
+        known = [self.embeddings.recent(job.tenant_id, model, m.text) for m in pending]
+        missing = [m.text for m, vector in zip(pending, known, strict=True) if vector is None]
         try:
-            embedded = await embedder.embed([m.text for m in pending])
+            embedded = await embedder.embed(missing) if missing else Embedded([])
         except EmbeddingError as exc:
             await self._charge(job, model, exc.paid)
             raise JobFailed(str(exc)) from exc
         await self._charge(job, model, embedded.usage)
+        made = iter(embedded.vectors)
         try:
+            vectors = [vector if vector is not None else next(made) for vector in known]
             rows = [
-                NewVector(m.pk, encode(v), len(v))
-                for m, v in zip(pending, embedded.vectors, strict=True)
+                NewVector(m.pk, encode(v), len(v)) for m, v in zip(pending, vectors, strict=True)
             ]
-        except (BadVector, ValueError) as exc:
+        except (BadVector, ValueError, StopIteration) as exc:
             raise JobFailed(str(exc)) from exc
 
         def apply(conn: Connection) -> dict[str, Any]:

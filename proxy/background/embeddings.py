@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,6 +41,9 @@ UPSTREAM_BATCH = 64
 # What is embedded of a message: its beginning (MiniLM reads 256 word pieces; OpenAI's models
 # 8k tokens, but a long message's beginning says what it is about).
 EMBED_CHARS = 2000
+# The questions' vectors kept (per process) for the stored user messages that are the same
+# text: the background job then embeds only the reply of a turn, not its question again.
+RECENT_QUESTIONS = 256
 
 
 class EmbeddingError(Exception):
@@ -211,6 +215,7 @@ class Embeddings:
                 self._embedders[name] = UpstreamEmbedder(upstream, settings.embedding_model)  # type: ignore[arg-type]
         self.local = local
         self.unavailable: str | None = None  # why the local model could not be loaded
+        self._recent: OrderedDict[tuple[str, str, str], list[float]] = OrderedDict()
 
     def embedder(self, tenant_id: str) -> Embedder | None:
         return self._embedders.get(tenant_id)
@@ -258,7 +263,8 @@ class Embeddings:
             async with asyncio.timeout(timeout):
                 embedded = await embedder.embed([text])
             (vector,) = embedded.vectors
-            found = Vector(embedder.model, normalised(vector), embedded.usage)
+            values = normalised(vector)
+            found = Vector(embedder.model, values, embedded.usage)
         except TimeoutError:
             outcome, found = "timeout", None
             log.warning("query_embedding_timeout", request_id=request_id, tenant=tenant_id)
@@ -269,8 +275,16 @@ class Embeddings:
             )
         else:
             outcome = "ok"
+            self._recent[(tenant_id, embedder.model, text[:EMBED_CHARS])] = values
+            if len(self._recent) > RECENT_QUESTIONS:
+                self._recent.popitem(last=False)
         self.metrics.embedding_queries.labels(tenant_id, outcome).inc()
         return found
+
+    def recent(self, tenant_id: str, model: str, text: str) -> list[float] | None:
+        """The vector a recent question of the tenant had, when it was this very text (a
+        stored user message is its turn's question): no need to embed it again."""
+        return self._recent.get((tenant_id, model, text[:EMBED_CHARS]))
 
 
 @dataclass(frozen=True, slots=True)

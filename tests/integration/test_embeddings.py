@@ -181,6 +181,11 @@ async def test_chats_are_embedded_and_erasing_the_user_removes_the_vectors(
     done = await jobs_done(seeded, 2)
     (job,) = [j for j in done if j["subject"] == request_id]
     assert job["result"]["embedded"] == 2  # the turn and its reply
+    # The question was embedded once, on the request path: the job embedded only the reply.
+    asked = [r.json()["input"] for r in fake.requests if r.path.endswith("/embeddings")]
+    question, job_call = asked[-2:]
+    assert question == ["Walked the pet today"]
+    assert len(job_call) == 1 and job_call != question
     erased = (await seeded.delete("/memory/users/alice")).json()["deleted"]
     assert erased["vectors"] == 6
     await ask(seeded, QUESTION)
