@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, and_, delete, exists, func, select
+from sqlalchemy import and_, delete, exists, func, select
 
 from storage.models import ATTACHMENT_CHUNKS, ATTACHMENTS, CHUNK_VECTORS
-from storage.repositories.vectors import NewVector, StoredVector, insert_vectors
+from storage.repositories.vectors import NewVector, StoredVector, UserVectors, insert_vectors
 
 V = CHUNK_VECTORS
 K = ATTACHMENT_CHUNKS
@@ -38,9 +38,8 @@ class ChunkBacklog:
     count: int
 
 
-class ChunkVectors:
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+class ChunkVectors(UserVectors):
+    table = V
 
     def unembedded(
         self,
@@ -124,15 +123,6 @@ class ChunkVectors:
         ]
         return insert_vectors(self.conn, V, rows)
 
-    def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]:
-        """(how many `model` vectors the user's passages have, the newest one's pk or 0)."""
-        row = self.conn.execute(
-            select(func.count(), func.coalesce(func.max(V.c.pk), 0)).where(
-                V.c.tenant_id == tenant_id, V.c.user_id == user_id, V.c.model == model
-            )
-        ).one()
-        return int(row[0]), int(row[1])
-
     def load(
         self, tenant_id: str, user_id: str, model: str, *, after_pk: int = 0
     ) -> list[StoredVector]:
@@ -151,12 +141,6 @@ class ChunkVectors:
         )
         return [StoredVector(r.pk, r.chunk_pk, r.attachment_pk, r.seq, r.vector) for r in rows]
 
-    def count(self, tenant_id: str, user_id: str | None = None) -> int:
-        query = select(func.count()).where(V.c.tenant_id == tenant_id)
-        if user_id is not None:
-            query = query.where(V.c.user_id == user_id)
-        return int(self.conn.execute(query).scalar_one())
-
     def delete_attachments(self, tenant_id: str, attachment_pks: Sequence[int]) -> int:
         """The vectors of those attachments' passages."""
         if not attachment_pks:
@@ -166,11 +150,5 @@ class ChunkVectors:
         )
         result = self.conn.execute(
             delete(V).where(V.c.tenant_id == tenant_id, V.c.chunk_pk.in_(chunks))
-        )
-        return int(result.rowcount)
-
-    def delete_user(self, tenant_id: str, user_id: str) -> int:
-        result = self.conn.execute(
-            delete(V).where(V.c.tenant_id == tenant_id, V.c.user_id == user_id)
         )
         return int(result.rowcount)

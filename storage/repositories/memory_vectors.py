@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, and_, delete, exists, func, select
+from sqlalchemy import and_, delete, exists, func, select
 
 from storage.models import MEMORIES, MEMORY_VECTORS
-from storage.repositories.vectors import NewVector, StoredVector, insert_vectors
+from storage.repositories.vectors import NewVector, StoredVector, UserVectors, insert_vectors
 
 V = MEMORY_VECTORS
 R = MEMORIES
@@ -38,9 +38,8 @@ class MemoryBacklog:
     count: int
 
 
-class MemoryVectors:
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+class MemoryVectors(UserVectors):
+    table = V
 
     def unembedded(
         self, tenant_id: str, user_id: str, model: str, *, limit: int
@@ -109,15 +108,6 @@ class MemoryVectors:
         ]
         return insert_vectors(self.conn, V, rows)
 
-    def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]:
-        """(how many `model` vectors the user's memories have, the newest one's pk or 0)."""
-        row = self.conn.execute(
-            select(func.count(), func.coalesce(func.max(V.c.pk), 0)).where(
-                V.c.tenant_id == tenant_id, V.c.user_id == user_id, V.c.model == model
-            )
-        ).one()
-        return int(row[0]), int(row[1])
-
     def load(
         self, tenant_id: str, user_id: str, model: str, *, after_pk: int = 0
     ) -> list[StoredVector]:
@@ -135,22 +125,10 @@ class MemoryVectors:
         )
         return [StoredVector(r.pk, r.memory_pk, 0, 0, r.vector) for r in rows]
 
-    def count(self, tenant_id: str, user_id: str | None = None) -> int:
-        query = select(func.count()).where(V.c.tenant_id == tenant_id)
-        if user_id is not None:
-            query = query.where(V.c.user_id == user_id)
-        return int(self.conn.execute(query).scalar_one())
-
     def delete_memories(self, tenant_id: str, memory_pks: Sequence[int]) -> int:
         if not memory_pks:
             return 0
         result = self.conn.execute(
             delete(V).where(V.c.tenant_id == tenant_id, V.c.memory_pk.in_(list(memory_pks)))
-        )
-        return int(result.rowcount)
-
-    def delete_user(self, tenant_id: str, user_id: str) -> int:
-        result = self.conn.execute(
-            delete(V).where(V.c.tenant_id == tenant_id, V.c.user_id == user_id)
         )
         return int(result.rowcount)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import Connection, Table, and_, delete, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -81,9 +81,43 @@ def insert_vectors(conn: Connection, table: Table, rows: Sequence[dict[str, Any]
     return len(stored)
 
 
-class MessageVectors:
+class UserVectors:
+    """What every table of vectors answers alike: each row is one user's vector, of one model,
+    of one item (a message, a memory, a passage)."""
+
+    table: ClassVar[Table]
+
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+
+    def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]:
+        """(how many vectors of `model` the user has, the newest one's pk or 0): enough to
+        tell whether a copy loaded earlier is still whole (one index range count)."""
+        v = self.table
+        row = self.conn.execute(
+            select(func.count(), func.coalesce(func.max(v.c.pk), 0)).where(
+                v.c.tenant_id == tenant_id, v.c.user_id == user_id, v.c.model == model
+            )
+        ).one()
+        return int(row[0]), int(row[1])
+
+    def count(self, tenant_id: str, user_id: str | None = None) -> int:
+        v = self.table
+        query = select(func.count()).where(v.c.tenant_id == tenant_id)
+        if user_id is not None:
+            query = query.where(v.c.user_id == user_id)
+        return int(self.conn.execute(query).scalar_one())
+
+    def delete_user(self, tenant_id: str, user_id: str) -> int:
+        v = self.table
+        result = self.conn.execute(
+            delete(v).where(v.c.tenant_id == tenant_id, v.c.user_id == user_id)
+        )
+        return int(result.rowcount)
+
+
+class MessageVectors(UserVectors):
+    table = V
 
     def unembedded(
         self,
@@ -173,16 +207,6 @@ class MessageVectors:
         ]
         return insert_vectors(self.conn, V, rows)
 
-    def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]:
-        """(how many vectors of `model` the user has, the newest one's pk or 0): enough to
-        tell whether a copy loaded earlier is still whole (one index range count)."""
-        row = self.conn.execute(
-            select(func.count(), func.coalesce(func.max(V.c.pk), 0)).where(
-                V.c.tenant_id == tenant_id, V.c.user_id == user_id, V.c.model == model
-            )
-        ).one()
-        return int(row[0]), int(row[1])
-
     def load(
         self, tenant_id: str, user_id: str, model: str, *, after_pk: int = 0
     ) -> list[StoredVector]:
@@ -209,23 +233,11 @@ class MessageVectors:
         )
         return [StoredVector(r.pk, r.message_pk, r.conversation_pk, r.seq, r.vector) for r in rows]
 
-    def count(self, tenant_id: str, user_id: str | None = None) -> int:
-        query = select(func.count()).where(V.c.tenant_id == tenant_id)
-        if user_id is not None:
-            query = query.where(V.c.user_id == user_id)
-        return int(self.conn.execute(query).scalar_one())
-
     def delete_conversation(self, tenant_id: str, conversation_pk: int) -> int:
         messages = select(M.c.pk).where(
             M.c.tenant_id == tenant_id, M.c.conversation_pk == conversation_pk
         )
         result = self.conn.execute(
             delete(V).where(V.c.tenant_id == tenant_id, V.c.message_pk.in_(messages))
-        )
-        return int(result.rowcount)
-
-    def delete_user(self, tenant_id: str, user_id: str) -> int:
-        result = self.conn.execute(
-            delete(V).where(V.c.tenant_id == tenant_id, V.c.user_id == user_id)
         )
         return int(result.rowcount)
