@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,25 +90,55 @@ class VectorIndex:
         """The user's stored messages most similar to `query` (unit length), best first, at
         most `limit` of them and none below `min_similarity`; `conversation_pk` keeps it to
         one conversation."""
+        found = self.search(
+            conn,
+            tenant_id,
+            user_id,
+            model,
+            query,
+            limit=limit,
+            min_similarity=min_similarity,
+            conversation_pk=conversation_pk,
+        )
+        return found.hits
+
+    def search(
+        self,
+        conn: Connection,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        query: Sequence[float],
+        *,
+        limit: int,
+        min_similarity: float = -1.0,
+        conversation_pk: int | None = None,
+    ) -> Nearest:
+        """`nearest`'s hits, and every searched message's similarity to `query` (`Nearest.of`:
+        recall weighs the turns it reads around the hits by it too)."""
         np = self._np
         vectors = self._current(conn, (tenant_id, user_id, model))
-        if vectors is None or vectors.n == 0 or limit <= 0:
-            return []
+        if vectors is None or vectors.n == 0:
+            return Nearest([])
         q = np.asarray(query, dtype=np.float32)
         b, n = vectors.buffer, vectors.n
         if q.shape[0] != b.matrix.shape[1]:
-            return []  # a question embedded by another model's size: nothing comparable
+            return Nearest([])  # a question embedded by another model's size: not comparable
         scores = b.matrix[:n] @ q
         if conversation_pk is not None:
             scores = np.where(b.conversations[:n] == conversation_pk, scores, -2.0)
         take = min(limit, vectors.n)
+        if take <= 0:
+            return Nearest([], b.pks[:n], scores)
         best = np.argpartition(-scores, take - 1)[:take] if take < vectors.n else np.arange(take)
         best = best[np.argsort(-scores[best], kind="stable")]
-        return [
+        hits = [
             Hit(int(b.pks[i]), int(b.conversations[i]), int(b.seqs[i]), float(scores[i]))
             for i in best
             if scores[i] >= min_similarity and scores[i] > -2.0
         ]
+        # Rows below n are never written again (appends go after them), so a view is safe.
+        return Nearest(hits, b.pks[:n], scores)
 
     def forget(self, tenant_id: str, user_id: str | None = None) -> None:
         """Drop what is kept of a user (or a whole tenant), e.g. once erased: not needed for
@@ -199,6 +229,26 @@ class VectorIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class Nearest:
+    """A vector search's hits, best first, and the similarity of every message it compared
+    (`of`)."""
+
+    hits: list[Hit]
+    pks: NDArray[np.int64] | None = None
+    scores: NDArray[np.float32] | None = None
+
+    def of(self, pks: Collection[int]) -> dict[int, float]:
+        """The similarity to the question of each of `pks` that has a vector here."""
+        if self.pks is None or self.scores is None or not pks:
+            return {}
+        import numpy
+
+        rows = numpy.isin(self.pks, numpy.fromiter(pks, dtype=numpy.int64, count=len(pks)))
+        found = zip(self.pks[rows].tolist(), self.scores[rows].tolist(), strict=True)
+        return {int(pk): float(score) for pk, score in found if score > -2.0}
+
+
+@dataclass(frozen=True, slots=True)
 class SemanticQuery:
     """Recall's vector half for one question: its embedding, and how vector hits count."""
 
@@ -208,7 +258,7 @@ class SemanticQuery:
     weight: float = 1.0  # against the full-text scores, when the two are fused
     min_similarity: float = -1.0
 
-    def nearest(
+    def search(
         self,
         conn: Connection,
         tenant_id: str,
@@ -216,8 +266,8 @@ class SemanticQuery:
         *,
         limit: int,
         conversation_pk: int | None = None,
-    ) -> list[Hit]:
-        return self.index.nearest(
+    ) -> Nearest:
+        return self.index.search(
             conn,
             tenant_id,
             user_id,
