@@ -77,6 +77,12 @@ FURTHER_HITS = 0.2
 # name); a hit matching only such words counts COMMON_ONLY of its score.
 COMMON_SHARE = 0.5
 COMMON_ONLY = 0.3
+# With embeddings, each turn ranked (a hit or a neighbour) is also weighed by its own similarity
+# to the question: its value times 1 + MEANING times its place between the least (0) and the
+# most (1) similar of the turns ranked. Measured on LoCoMo's tuning conversations (4-16 about
+# as good; 1 finds more at 2,000 tokens and less at 4,000): the windows around the hits hold
+# many turns that only sit near a hit, and this is what tells the ones about the question apart.
+MEANING = 8.0
 
 
 def query_terms(text: str, limit: int = 24) -> list[str]:
@@ -187,6 +193,7 @@ def rank(
     terms: Sequence[str] = (),
     exclude: Iterable[str] = (),
     wide: Collection[int] | None = None,
+    meaning: Mapping[int, float] | None = None,
     recency_weight: float = 0.1,
     half_life_days: float = 90.0,
 ) -> list[Excerpt]:
@@ -196,7 +203,9 @@ def rank(
     times the hit's score relative to the best, the best hit's part whole and `FURTHER_HITS` of
     each other's, with a small bonus for recency. A hit that matches only `common_terms` of
     `terms` counts `COMMON_ONLY` of its score. Turns whose text is in `exclude` (already in the
-    prompt) are left out, and bring nothing to their neighbours."""
+    prompt) are left out, and bring nothing to their neighbours. With `meaning` (pk -> cosine
+    similarity to the question: embeddings on), each turn is weighed by its own too
+    (`by_meaning`)."""
     if not scores:
         return []
     if wide is None:
@@ -228,6 +237,7 @@ def rank(
             near = seqs.get(hit.seq + offset)
             if near is not None:
                 parts.setdefault(near.pk, []).append(share * weights[offset])
+    weights = by_meaning(meaning or {}, parts.keys())
     excerpts: list[Excerpt] = []
     for seqs in by_conversation.values():
         for turn in seqs.values():
@@ -238,9 +248,28 @@ def rank(
             value = first + FURTHER_HITS * (sum(found) - first)
             age_days = max(0.0, (now - turn.created_at).total_seconds() / 86400)
             value *= 1 + recency_weight * math.pow(0.5, age_days / half_life_days)
+            value *= weights.get(turn.pk, 1.0)
             excerpts.append(Excerpt([turn], value, [turn.pk] if turn.pk in scores else []))
     excerpts.sort(key=lambda e: e.value, reverse=True)
     return excerpts
+
+
+def by_meaning(meaning: Mapping[int, float], ranked: Collection[int]) -> dict[int, float]:
+    """What each of the `ranked` turns' value is multiplied by for its similarity to the
+    question (`meaning`: pk -> cosine): 1 for the least similar of them, 1 + `MEANING` for the
+    most; a turn without a vector (not embedded yet) the mean of the others. Nothing when no
+    turn has one, so recall without embeddings ranks as it did."""
+    known = {pk: meaning[pk] for pk in ranked if pk in meaning}
+    if not known:
+        return {}
+    low, high = min(known.values()), max(known.values())
+    spread = high - low
+    weights = {
+        pk: 1 + MEANING * ((value - low) / spread if spread > 0 else 1.0)
+        for pk, value in known.items()
+    }
+    middle = sum(weights.values()) / len(weights)
+    return {pk: weights.get(pk, middle) for pk in ranked}
 
 
 def pack(excerpts: Sequence[Excerpt], budget_tokens: int) -> list[Excerpt]:

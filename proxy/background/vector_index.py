@@ -121,7 +121,7 @@ class VectorIndex:
         """The user's stored messages most similar to `query` (unit length), best first, at
         most `limit` of them and none below `min_similarity`; `conversation_pk` keeps it to
         one conversation."""
-        found = self.nearest_of(
+        return self.search(
             "messages",
             conn,
             tenant_id,
@@ -131,8 +131,7 @@ class VectorIndex:
             limit=limit,
             min_similarity=min_similarity,
             groups=None if conversation_pk is None else (conversation_pk,),
-        )
-        return [Hit(n.item_pk, n.group_pk, n.seq, n.score) for n in found]
+        ).message_hits()
 
     def nearest_of(
         self,
@@ -150,26 +149,57 @@ class VectorIndex:
         """The user's items of `kind` (`SOURCES`) most similar to `query` (unit length), best
         first, at most `limit` of them and none below `min_similarity`; `groups` keeps it to
         those conversations (messages) or attachments (passages)."""
+        return self.search(
+            kind,
+            conn,
+            tenant_id,
+            user_id,
+            model,
+            query,
+            limit=limit,
+            min_similarity=min_similarity,
+            groups=groups,
+        ).hits
+
+    def search(
+        self,
+        kind: str,
+        conn: Connection,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        query: Sequence[float],
+        *,
+        limit: int,
+        min_similarity: float = -1.0,
+        groups: Collection[int] | None = None,
+    ) -> Nearest:
+        """`nearest_of`'s hits, and every searched item's similarity to `query` (`Nearest.of`:
+        recall weighs the turns it reads around the hits by it too)."""
         np = self._np
         vectors = self._current(conn, (kind, tenant_id, user_id, model))
-        if vectors is None or vectors.n == 0 or limit <= 0:
-            return []
+        if vectors is None or vectors.n == 0:
+            return Nearest([])
         q = np.asarray(query, dtype=np.float32)
         b, n = vectors.buffer, vectors.n
         if q.shape[0] != b.matrix.shape[1]:
-            return []  # a question embedded by another model's size: nothing comparable
+            return Nearest([])  # a question embedded by another model's size: not comparable
         scores = b.matrix[:n] @ q
         if groups is not None:
             wanted = np.fromiter(groups, dtype=np.int64)
             scores = np.where(np.isin(b.groups[:n], wanted), scores, -2.0)
         take = min(limit, vectors.n)
+        if take <= 0:
+            return Nearest([], b.items[:n], scores)
         best = np.argpartition(-scores, take - 1)[:take] if take < vectors.n else np.arange(take)
         best = best[np.argsort(-scores[best], kind="stable")]
-        return [
+        hits = [
             Near(int(b.items[i]), int(b.groups[i]), int(b.seqs[i]), float(scores[i]))
             for i in best
             if scores[i] >= min_similarity and scores[i] > -2.0
         ]
+        # Rows below n are never written again (appends go after them), so a view is safe.
+        return Nearest(hits, b.items[:n], scores)
 
     def forget(self, tenant_id: str, user_id: str | None = None) -> None:
         """Drop what is kept of a user (or a whole tenant), e.g. once erased: not needed for
@@ -260,6 +290,30 @@ class VectorIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class Nearest:
+    """A vector search's hits, best first, and the similarity of every item it compared
+    (`of`)."""
+
+    hits: list[Near]
+    items: NDArray[np.int64] | None = None
+    scores: NDArray[np.float32] | None = None
+
+    def message_hits(self) -> list[Hit]:
+        """The hits as stored messages' (a search of `messages`)."""
+        return [Hit(n.item_pk, n.group_pk, n.seq, n.score) for n in self.hits]
+
+    def of(self, pks: Collection[int]) -> dict[int, float]:
+        """The similarity to the question of each of `pks` that has a vector here."""
+        if self.items is None or self.scores is None or not pks:
+            return {}
+        import numpy
+
+        rows = numpy.isin(self.items, numpy.fromiter(pks, dtype=numpy.int64, count=len(pks)))
+        found = zip(self.items[rows].tolist(), self.scores[rows].tolist(), strict=True)
+        return {int(pk): float(score) for pk, score in found if score > -2.0}
+
+
+@dataclass(frozen=True, slots=True)
 class SemanticQuery:
     """The vector half of one turn's searches (stored turns, memories, passages): the
     question's embedding, made once, and how vector hits count."""
@@ -270,7 +324,7 @@ class SemanticQuery:
     weight: float = 1.0  # against the full-text scores, when the two are fused
     min_similarity: float = -1.0
 
-    def nearest(
+    def search(
         self,
         conn: Connection,
         tenant_id: str,
@@ -278,8 +332,10 @@ class SemanticQuery:
         *,
         limit: int,
         conversation_pk: int | None = None,
-    ) -> list[Hit]:
-        return self.index.nearest(
+    ) -> Nearest:
+        """The stored messages nearest the question, and every one's similarity."""
+        return self.index.search(
+            "messages",
             conn,
             tenant_id,
             user_id,
@@ -287,7 +343,7 @@ class SemanticQuery:
             self.vector,
             limit=limit,
             min_similarity=self.min_similarity,
-            conversation_pk=conversation_pk,
+            groups=None if conversation_pk is None else (conversation_pk,),
         )
 
     def memories(

@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import Connection
 
 from policies.context import Recalled
+from policies.dates import asked_period, favour_period
 from policies.fusion import hybrid_scores
 from policies.memories import rank_by_words_and_meaning, stem
 from policies.recall import (
@@ -27,7 +28,7 @@ from policies.recall import (
     wide_hits,
 )
 from policies.tokens import count_text
-from proxy.background.vector_index import SemanticQuery
+from proxy.background.vector_index import Nearest, SemanticQuery
 from storage.database import Database
 from storage.records import MemoryRecord
 from storage.repositories.memories import Memories
@@ -90,12 +91,15 @@ async def recall(
     `conversation_pk` keeps the search to one conversation (an anonymous user's); `hidden`
     (conversation pk, seq) leaves out that conversation's messages from that seq on.
     `semantic` (embeddings on) adds the nearest stored messages and memories by vector,
-    fused with the full-text hits. Without `excerpts`, only memories are attached."""
+    fused with the full-text hits by score (policies/fusion.py); then the strongest hits of
+    either search reach wide windows, every turn ranked is weighed by its own similarity to the
+    question too, and the hits said in a time the question names count more
+    (policies/dates.py). Without `excerpts`, only memories are attached."""
     terms = query_terms(text)
     if budget_tokens <= 0:
         return NOTHING
     with_memories = conversation_pk is None  # not for the anonymous user
-    near: list[Hit] = []  # vector hits, read in the same snapshot as everything else
+    vectors: list[Nearest] = []  # the vector search, made in the same snapshot as the reads
     wide: set[int] = set()  # the hits read with a wide window around them
     near_memories: dict[int, float] = {}  # memory pk -> similarity, of those read back
 
@@ -119,11 +123,15 @@ async def recall(
         hits = search.search(
             tenant_id, user_id, terms, limit=candidates, conversation_pk=conversation_pk
         )
+        near: list[Hit] = []
         if semantic is not None:
-            near[:] = semantic.nearest(
-                conn, tenant_id, user_id, limit=candidates, conversation_pk=conversation_pk
+            vectors.append(
+                semantic.search(
+                    conn, tenant_id, user_id, limit=candidates, conversation_pk=conversation_pk
+                )
             )
-        wide.update(wide_hits({h.pk: h.score for h in hits}, budget_tokens))
+            near = vectors[0].message_hits()
+        wide.update(wide_hits(_scores(hits, near, semantic), budget_tokens))
         found = search.around(
             tenant_id,
             user_id,
@@ -131,7 +139,7 @@ async def recall(
             radius=1,
             further_after=1,
             max_tokens=budget_tokens,
-            wide=[h for h in hits if h.pk in wide],
+            wide=[h for h in [*hits, *near] if h.pk in wide],
             wide_radius=WIDE_RADIUS,
         )
         return hits, found, pinned, others
@@ -144,14 +152,15 @@ async def recall(
     turns = [
         Turn(f.pk, f.conversation_id, f.seq, f.role, f.text, f.tokens, f.created_at) for f in found
     ]
-    ranked = rank(
-        _scores(hits, near, found, semantic),
-        turns,
-        now=now,
-        terms=terms,
-        exclude=exclude,
-        wide=wide,
-    )
+    said = {f.pk: f.created_at for f in found}
+    near = [h for h in vectors[0].message_hits() if h.pk in said] if vectors else []  # still there
+    scores = _scores(hits, near, semantic)
+    meaning: dict[int, float] | None = None
+    if semantic is not None:
+        # Without embeddings (or before anything is embedded) recall ranks as it always has.
+        scores = favour_period(scores, said, asked_period(text, now))
+        meaning = vectors[0].of(said.keys()) if vectors else None
+    ranked = rank(scores, turns, now=now, terms=terms, exclude=exclude, wide=wide, meaning=meaning)
     facts = [m.text for m in pinned]
     used = sum(count_text(f) + MEMORY_LINE_TOKENS for f in facts)
     known: list[MemoryRecord] = []
@@ -205,13 +214,11 @@ def _with_near_memories(
 
 
 def _scores(
-    hits: Sequence[Hit], near: Sequence[Hit], found: Sequence[Found], semantic: SemanticQuery | None
+    hits: Sequence[Hit], near: Sequence[Hit], semantic: SemanticQuery | None
 ) -> dict[int, float]:
-    """The scores `rank` takes: the full-text ones, fused with the vector hits' (those whose
-    messages were read back, so still there and visible) when embeddings are on."""
+    """The full-text hits' scores, fused with the vector hits' when embeddings are on."""
     lexical = {h.pk: h.score for h in hits}
     if semantic is None:
         return lexical
-    there = {f.pk for f in found}
-    vector = {h.pk: h.score for h in near if h.pk in there}
+    vector = {h.pk: h.score for h in near}
     return hybrid_scores(lexical, vector, semantic_weight=semantic.weight)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from sqlalchemy import Connection, delete
 
 from policies.vectors import encode
-from proxy.background.vector_index import VectorIndex
+from proxy.background.vector_index import Nearest, VectorIndex
 from storage.database import Database
 from storage.models import MESSAGES
 from storage.records import ConversationRecord
@@ -114,6 +115,41 @@ async def test_nearest_finds_the_users_messages_best_first(db: Database) -> None
     assert [h.seq for h in await nearest(db, index, axis(2), limit=1)] == [3]
     # Below the threshold nothing counts.
     assert [h.seq for h in await nearest(db, index, axis(2), min_similarity=0.5)] == [3]
+
+
+async def test_a_search_knows_the_similarity_of_every_message_it_compared(db: Database) -> None:
+    # Recall weighs the turns it reads around the hits by their own similarity too.
+    conv = await new_conversation(
+        db, "c1", [msg("user", "zero"), msg("assistant", "one"), msg("user", "two")]
+    )
+    other = await new_conversation(db, "c2", [msg("user", "elsewhere")])
+    await embed_all(db, conv, [axis(0), axis(1, lean=0.5), axis(2)])
+    await embed_all(db, other, [axis(2)])
+    index = VectorIndex()
+    query = [v / 1.25**0.5 for v in axis(1, lean=0.5)]
+
+    def search(conn: Connection, conversation_pk: int | None = None) -> Nearest:
+        groups = None if conversation_pk is None else (conversation_pk,)
+        return index.search("messages", conn, "t1", "alice", MODEL, query, limit=1, groups=groups)
+
+    found = await db.read(search)
+    zero, one, two, elsewhere = [*await pks_of(db, conv), *await pks_of(db, other)]
+    assert [h.item_pk for h in found.hits] == [one]
+    similar = found.of([zero, one, two, elsewhere, 10_000])  # 10,000: no such message
+    assert set(similar) == {zero, one, two, elsewhere}
+    assert similar[one] == pytest.approx(1.0) and similar[zero] == pytest.approx(0.0)
+    assert similar[two] == pytest.approx(similar[elsewhere]) == pytest.approx(0.5 / 1.25**0.5)
+    # Kept to one conversation, the others' messages were not compared.
+    within = await db.read(lambda conn: search(conn, conv.pk))
+    assert set(within.of([zero, one, two, elsewhere])) == {zero, one, two}
+    assert Nearest([]).of([one]) == {}
+
+
+async def pks_of(db: Database, conv: ConversationRecord) -> list[int]:
+    def work(conn: Connection) -> list[int]:
+        return [m.pk for m in Conversations(conn).messages(conv.tenant_id, conv.pk)]
+
+    return await db.read(work)
 
 
 async def test_nearest_never_crosses_users_or_tenants(db: Database) -> None:

@@ -9,10 +9,12 @@ import pytest
 from policies.context import Budget, Recalled, assemble
 from policies.recall import (
     COMMON_ONLY,
+    MEANING,
     TOKENS_PER_WIDE_HIT,
     WIDE_RADIUS,
     Excerpt,
     Turn,
+    by_meaning,
     closeness,
     common_terms,
     fit,
@@ -110,6 +112,36 @@ def test_a_hit_matching_only_words_every_hit_has_counts_less() -> None:
     # Without the query's words, every hit counts its score.
     plain = values(rank(scores, chat, now=NOW))
     assert plain[1] == plain[3]
+
+
+def test_a_turn_about_the_question_outranks_one_that_only_sits_near_a_hit() -> None:
+    # With embeddings: of two turns near the one hit, the one whose meaning is close to the
+    # question's (cosine 0.6) is worth more than the one that says something else (0.1).
+    chat = [turn(1, 1, "my dog"), turn(2, 2, "a beagle"), turn(3, 3, "nice weather")]
+    plain = values(rank({2: 3.0}, chat, now=NOW))
+    assert plain[1] < plain[3]  # the reply after a hit counts more than the turn before it
+    meaning = {1: 0.6, 2: 0.5, 3: 0.1}
+    weighed = values(rank({2: 3.0}, chat, now=NOW, meaning=meaning))
+    assert weighed[1] > weighed[3]
+    assert weighed[1] == pytest.approx(plain[1] * (1 + MEANING))
+    assert weighed[3] == pytest.approx(plain[3])  # the least similar keeps its value
+    # Without similarities (embeddings off, or nothing embedded yet) nothing changes.
+    assert values(rank({2: 3.0}, chat, now=NOW, meaning={})) == plain
+    assert values(rank({2: 3.0}, chat, now=NOW, meaning={9: 0.7})) == plain
+
+
+def test_each_turn_is_weighed_by_its_place_between_the_least_and_most_similar() -> None:
+    weights = by_meaning({1: 0.2, 2: 0.6, 3: 0.4, 7: 0.9}, [1, 2, 3, 4])
+    # Turn 7 is not ranked: the scale is the ranked turns' own. Turn 4 has no vector yet: it
+    # counts the mean of the others.
+    assert weights[1] == 1.0
+    assert weights[2] == pytest.approx(1 + MEANING)
+    assert weights[3] == pytest.approx(1 + MEANING / 2)
+    assert weights[4] == pytest.approx(1 + MEANING / 2)
+    assert 7 not in weights
+    # All alike: all count in full.
+    assert by_meaning({1: 0.3, 2: 0.3}, [1, 2]) == {1: 1 + MEANING, 2: 1 + MEANING}
+    assert by_meaning({}, [1, 2]) == {}
 
 
 def test_what_the_prompt_holds_is_not_recalled_again() -> None:
