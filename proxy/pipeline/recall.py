@@ -156,10 +156,9 @@ async def recall(
     near = [h for h in vectors[0].message_hits() if h.pk in said] if vectors else []  # still there
     scores = _scores(hits, near, semantic)
     meaning: dict[int, float] | None = None
-    if semantic is not None:
-        # Without embeddings (or before anything is embedded) recall ranks as it always has.
+    if near:  # Without embeddings, or before anything is embedded, recall ranks as it did.
         scores = favour_period(scores, said, asked_period(text, now))
-        meaning = vectors[0].of(said.keys()) if vectors else None
+        meaning = vectors[0].of(said.keys())
     ranked = rank(scores, turns, now=now, terms=terms, exclude=exclude, wide=wide, meaning=meaning)
     facts = [m.text for m in pinned]
     used = sum(count_text(f) + MEMORY_LINE_TOKENS for f in facts)

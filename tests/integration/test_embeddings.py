@@ -130,6 +130,38 @@ async def test_without_embeddings_the_same_question_finds_nothing(
         assert listed["data"] == []
 
 
+@pytest.mark.parametrize("embeddings", ["off", "upstream"])
+async def test_with_embeddings_a_time_the_question_names_favours_what_was_said_then(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI, embeddings: str
+) -> None:
+    # Two trips told alike, months apart, and room for one. By words alone the newer one
+    # comes (recency breaks the tie); with embeddings, the one told in the month asked about.
+    trips = [("may", "2025-05-10T09:00:00Z", "Tahoe"), ("sept", "2025-09-20T09:00:00Z", "Como")]
+    upstream = UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k")
+    settings = MemorySettings(embeddings=embeddings, embedding_timeout_ms=10_000)  # type: ignore[arg-type]
+    config = make_config(upstream, context=ContextSettings(token_budget=120), memory=settings)
+    async with await client(serve_proxy(config)) as http:
+        fake.embed = partial(concept_embedding, concepts={"tahoe": "lake", "como": "lake"})
+        for name, when, lake in trips:
+            message = {
+                "role": "user",
+                "content": f"We went hiking around {lake}",
+                "created_at": when,
+            }
+            created = await http.post(
+                "/memory/conversations", json={"id": name, "user": "alice", "messages": [message]}
+            )
+            assert created.status_code == 201, created.text
+        if embeddings != "off":
+            await jobs_done(http, 2)
+        await ask(http, "Where did we go hiking in May 2025?")
+        section = recall_section(fake.chat_requests[-1])
+        assert section is not None
+        assert ("Tahoe" in section, "Como" in section) == (
+            (False, True) if embeddings == "off" else (True, False)
+        )
+
+
 async def metrics(http: httpx.AsyncClient) -> str:
     root = str(http.base_url).rstrip("/").removesuffix("/v1")
     return (await http.get(root + "/metrics")).text
