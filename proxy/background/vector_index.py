@@ -29,7 +29,7 @@ from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.search import Hit
 from storage.repositories.vectors import MessageVectors, StoredVector
 
-if TYPE_CHECKING:  # numpy is optional (the `embeddings` extra): imported when first used
+if TYPE_CHECKING:  # numpy: imported when first used (a tenant with embeddings on)
     import numpy as np
     from numpy.typing import NDArray
 
