@@ -8,7 +8,7 @@ from litestar import Request
 from litestar.di import NamedDependency
 
 from proxy.core.access import request_info
-from proxy.core.auth import Principal
+from proxy.core.auth import Principal, bearer_or_api_key
 from proxy.core.config import Scope
 from proxy.core.requests import refuse_unknown
 from proxy.state import AppState
@@ -16,6 +16,14 @@ from proxy.state import AppState
 
 def provide_services(request: Request[Any, Any, Any]) -> AppState:
     return cast(AppState, request.app.state.memproxy)
+
+
+def presented_key(request: Request[Any, Any, Any]) -> str | None:
+    """The `Authorization` header, or on a route that takes it (Anthropic's), `x-api-key`."""
+    headers = request.headers
+    if request.route_handler.opt.get("x_api_key"):
+        return bearer_or_api_key(headers.get("authorization"), headers.get("x-api-key"))
+    return headers.get("authorization")
 
 
 async def provide_principal(
@@ -31,7 +39,7 @@ async def provide_principal(
     """
     info = request_info(request.scope)
     scope: Scope = request.route_handler.opt.get("scope", "chat")
-    principal = services.keys.authenticate(request.headers.get("authorization"), scope)
+    principal = services.keys.authenticate(presented_key(request), scope)
     info.tenant = principal.tenant_id
     if scope == "manage":
         if request.scope.get("query_string"):

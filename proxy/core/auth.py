@@ -55,3 +55,11 @@ class KeyRing:
         if scope not in scopes:
             raise PermissionDenied(f"This API key lacks the '{scope}' scope needed here.")
         return Principal(tenant_id, self._tenants[tenant_id], scopes)
+
+
+def bearer_or_api_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The credentials a request presents as an `Authorization` value: the header itself, or
+    an `x-api-key` header (Anthropic's SDKs send the key there) as a bearer key."""
+    if authorization or not api_key:
+        return authorization
+    return f"Bearer {api_key.strip()}"
