@@ -13,7 +13,7 @@ import pytest
 
 from proxy.core.config import Config, ServerConfig, UpstreamConfig
 from tests.conftest import KEY, make_config
-from tests.fakes.openai_upstream import FakeOpenAI
+from tests.fakes.openai_upstream import FakeOpenAI, error_reply
 
 ServeProxy = Callable[[Config], str]
 MODEL = "gpt-4o"
@@ -285,6 +285,15 @@ async def test_errors_come_in_anthropics_shape(
             assert error["type"] == "error" and error["error"]["message"]
             assert error["error"]["type"] == (kind or "invalid_request_error")
     assert fake.chat_requests == []  # nothing reached the upstream
+    fake.script.append(error_reply(429, "Slow down."))
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        await client.messages.create(
+            model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert limited.value.body == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "Slow down."},
+    }
 
 
 async def test_the_echo_upstream_serves_messages_without_any_provider(
