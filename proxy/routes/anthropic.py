@@ -9,12 +9,14 @@ The proxy key comes in `x-api-key` (as Anthropic's SDKs send it) or `Authorizati
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Schema
+from litestar.openapi import ResponseSpec
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Reference, Schema
 from litestar.openapi.spec.enums import OpenAPIType
 
 from policies.tokens import count_messages, count_text
@@ -28,21 +30,73 @@ from proxy.protocols.anthropic.errors import ANTHROPIC_ERRORS
 from proxy.protocols.anthropic.request import check_request, parse_messages
 from proxy.protocols.anthropic.to_chat import chat_messages
 from proxy.routes.openai import answer_turn_request, check_model
-from proxy.routes.reference import CHAT_HEADERS, api, json_body
+from proxy.routes.reference import CHAT_HEADERS, ERRORS, api, json_body
 from proxy.state import AppState
 
 _OBJECT = Schema(type=OpenAPIType.OBJECT)
+_ANY = Schema(description="As Anthropic's Messages API defines it.")
 
 
-def _anthropic(scope_doc: str, ok: str) -> dict[str, Any]:
+def _body(*, turn: bool) -> Schema:
+    """Anthropic's request, as far as memproxy reads it (the API's own reference has the
+    rest); `turn`: a message's (else count_tokens', which takes no sampling fields)."""
+    fields: dict[str, Schema | Reference] = {
+        "model": Schema(type=OpenAPIType.STRING),
+        "messages": Schema(type=OpenAPIType.ARRAY, items=_OBJECT),
+        "system": _ANY,
+        "tools": Schema(type=OpenAPIType.ARRAY, items=_OBJECT),
+        "tool_choice": _OBJECT,
+        "metadata": Schema(
+            type=OpenAPIType.OBJECT,
+            properties={"user_id": Schema(type=OpenAPIType.STRING)},
+            description="`user_id` names the memory user when no X-Memory-User-Id does.",
+        ),
+    }
+    if not turn:
+        return Schema(type=OpenAPIType.OBJECT, properties=fields, required=["model", "messages"])
+    fields |= {
+        "max_tokens": Schema(type=OpenAPIType.INTEGER, minimum=1),
+        "stream": Schema(type=OpenAPIType.BOOLEAN),
+        "stop_sequences": Schema(type=OpenAPIType.ARRAY, items=Schema(type=OpenAPIType.STRING)),
+        "temperature": Schema(type=OpenAPIType.NUMBER),
+        "top_p": Schema(type=OpenAPIType.NUMBER),
+        "attachments": Schema(
+            type=OpenAPIType.ARRAY, items=_OBJECT, description="memproxy's documents extension."
+        ),
+    }
+    required = ["model", "max_tokens", "messages"]
+    return Schema(type=OpenAPIType.OBJECT, properties=fields, required=required)
+
+
+@dataclass
+class AnthropicErrorDetail:
+    type: str
+    message: str
+
+
+@dataclass
+class AnthropicError:
+    """Anthropic's error envelope, which every error on these routes has."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+def _anthropic(body: Schema, description: str, ok: str) -> dict[str, Any]:
     spec = api(
         "chat",
-        body=json_body(_OBJECT, scope_doc),
+        body=json_body(body, description),
         headers=CHAT_HEADERS,
         ok_response=OpenAPIResponse(
             description=ok, content={"application/json": OpenAPIMediaType(schema=_OBJECT)}
         ),
     )
+    spec["responses"] = {
+        status: ResponseSpec(
+            data_container=AnthropicError, description=ERRORS[status], generate_examples=False
+        )
+        for status in spec["responses"]
+    }
     # The key may come as `x-api-key` here (proxy/deps.py).
     spec["opt"] = {**spec["opt"], "x_api_key": True}
     return spec
@@ -54,6 +108,7 @@ def _anthropic(scope_doc: str, ok: str) -> dict[str, Any]:
     summary="Create a message (Anthropic Messages API)",
     exception_handlers=ANTHROPIC_ERRORS,
     **_anthropic(
+        _body(turn=True),
         "Anthropic's Messages request; `metadata.user_id` names the memory user.",
         "The message, or with `stream: true` its events as server-sent events.",
     ),
@@ -80,7 +135,9 @@ async def message_turn(
     status_code=200,
     summary="Count the tokens of a Messages request",
     exception_handlers=ANTHROPIC_ERRORS,
-    **_anthropic("What a Messages request would send.", '`{"input_tokens": n}`.'),
+    **_anthropic(
+        _body(turn=False), "What a Messages request would send.", '`{"input_tokens": n}`.'
+    ),
 )
 async def count_tokens(
     request: Request[Any, Any, Any],

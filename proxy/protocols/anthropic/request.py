@@ -6,8 +6,8 @@
     user: tool_result blocks                `tool` messages (tool_call_id), before the rest
     assistant: text blocks                  an `assistant` message, content the texts joined
     assistant: tool_use blocks              its `tool_calls` (arguments: `input` as JSON)
-    assistant: thinking, redacted_thinking  kept whole beside the message (KEPT_ITEMS), never
-                                            text, never in its chain hash
+    assistant: thinking, redacted_thinking, kept whole beside the message (KEPT_ITEMS), never
+      and any other block                   text, never in its chain hash
 
 `cache_control` is never part of a neutral message: a client that moves its cache breakpoint
 to the newest message each turn still resends the same history, so it continues the same
@@ -24,10 +24,7 @@ from typing import Any
 from proxy.core.errors import BadRequest
 from storage.records import KEPT_ITEMS
 
-# Assistant blocks with no chat equivalent: stored beside the message, as they came.
-OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 USER_BLOCKS = frozenset({"text", "image", "document", "tool_result", "search_result"})
-ASSISTANT_BLOCKS = frozenset({"text", "tool_use", *OPAQUE_BLOCKS})
 
 
 @dataclass(slots=True)
@@ -201,12 +198,14 @@ def _user(content: Any, where: str, dropped: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _assistant(content: Any, where: str) -> dict[str, Any]:
+def assistant_message(blocks: list[dict[str, Any]], where: str = "content") -> dict[str, Any]:
+    """An assistant turn's blocks (a request's, or a native reply's) as one neutral message;
+    blocks with no chat equivalent (thinking, server tools' blocks) kept beside it."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     kept: list[dict[str, Any]] = []
-    for i, block in enumerate(_blocks(content, where)):
-        at = f"{where}.content.{i}"
+    for i, block in enumerate(blocks):
+        at = f"{where}.{i}"
         kind = block["type"]
         if kind == "text":
             texts.append(_text(block, at))
@@ -216,13 +215,8 @@ def _assistant(content: Any, where: str) -> dict[str, Any]:
             arguments = arguments_text(block.get("input", {}))
             function = {"name": block["name"], "arguments": arguments}
             calls.append({"id": block["id"], "type": "function", "function": function})
-        elif kind in OPAQUE_BLOCKS:
-            kept.append(block)
         else:
-            raise BadRequest(
-                f"{at}.type: {kind!r} is not a block memproxy can read in an assistant message.",
-                param=f"{at}.type",
-            )
+            kept.append(block)
     message: dict[str, Any] = {"role": "assistant", "content": _joined(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
@@ -244,7 +238,8 @@ def parse_messages(body: dict[str, Any]) -> ParsedMessages:
         if role == "user":
             read = _user(message.get("content"), where, parsed.dropped)
         elif role == "assistant":
-            read = [_assistant(message.get("content"), where)]
+            content = _blocks(message.get("content"), where)
+            read = [assistant_message(content, f"{where}.content")]
         else:
             raise BadRequest(
                 f"{where}.role: expected 'user' or 'assistant', got {role!r}.",
