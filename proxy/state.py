@@ -27,6 +27,7 @@ from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import SpillReplayer
+from proxy.upstream.anthropic import AnthropicUpstream
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.http_shards import SHARDS, ShardedTransport
@@ -103,6 +104,8 @@ def build_upstream(name: str, config: UpstreamConfig, http: httpx.AsyncClient) -
     inner: Upstream
     if config.kind == "openai":
         inner = OpenAIUpstream(name, config, http)
+    elif config.kind == "anthropic":
+        inner = AnthropicUpstream(name, config, http)
     else:
         inner = LiteLLMUpstream(name, config)
     return ResilientUpstream(inner, config)

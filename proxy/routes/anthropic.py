@@ -126,7 +126,8 @@ async def create_message(
 async def message_turn(
     request: Request[Any, Any, Any], principal: Principal, services: AppState, body: dict[str, Any]
 ) -> Response[Any]:
-    wire = MessagesAPI(body)
+    native = services.upstream_for(principal).kind == "anthropic"
+    wire = MessagesAPI(body, native=native, headers=request.headers)
     return await answer_turn(request, principal, services, wire, wire.neutral())
 
 

@@ -287,3 +287,106 @@ def test_a_broken_stream_ends_with_an_error_event() -> None:
         "type": "error",
         "error": {"type": "api_error", "message": "upstream went away"},
     }
+
+
+def test_native_placement_keeps_the_clients_blocks_and_puts_context_after_tool_results() -> None:
+    from proxy.protocols.anthropic.native import native_body
+
+    newest = {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"},
+            {"type": "text", "text": "Thanks", "cache_control": CACHED},
+        ],
+    }
+    body = request(
+        [
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}],
+            },
+            newest,
+        ],
+        system=[{"type": "text", "text": "S", "cache_control": CACHED}],
+    )
+    parsed = parse_messages(body)
+    stored = [
+        {"role": "user", "content": "Earlier"},
+        {"role": "assistant", "content": "Reply"},
+    ]
+    context = {"role": "system", "content": "Excerpts: the code is 4711"}
+    assembled = [parsed.messages[0], *stored, *parsed.messages[1:-1], context, parsed.messages[-1]]
+    sent = native_body(body, parsed, assembled)
+    assert sent["system"] is body["system"]
+    assert sent["messages"][:2] == [
+        {"role": "user", "content": [{"type": "text", "text": "Earlier"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Reply"}]},
+    ]
+    assert sent["messages"][2:4] == body["messages"][:2]
+    assert sent["messages"][4]["content"] == [
+        newest["content"][0],
+        {"type": "text", "text": "Excerpts: the code is 4711"},
+        newest["content"][1],
+    ]
+    assert native_body(body, parsed, parsed.messages) is body
+
+
+def test_a_native_stream_folds_into_the_reply_and_its_usage() -> None:
+    from proxy.protocols.anthropic.native import MessageAssembler
+
+    folded = MessageAssembler()
+    for event in (
+        {
+            "type": "message_start",
+            "message": {
+                "usage": {"input_tokens": 5, "cache_read_input_tokens": 90, "output_tokens": 1}
+            },
+        },
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "thinking", "thinking": ""},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": "hm"},
+        },
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "t", "name": "w", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"a":'},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "1}"},
+        },
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "tool_use"},
+            "usage": {"output_tokens": 7},
+        },
+        {"type": "message_stop"},
+    ):
+        folded.add(json.dumps(event).encode())
+    assert folded.stopped and folded.message() == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "t", "type": "function", "function": {"name": "w", "arguments": '{"a":1}'}}
+        ],
+        KEPT_ITEMS: [{"type": "thinking", "thinking": "hm"}],
+    }
+    assert folded.chat_usage() == {
+        "prompt_tokens": 95,
+        "completion_tokens": 7,
+        "total_tokens": 102,
+        "prompt_tokens_details": {"cached_tokens": 90},
+    }

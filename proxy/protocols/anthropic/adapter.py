@@ -1,31 +1,39 @@
 """The Anthropic Messages protocol (`POST /v1/messages`) on the turn pipeline.
 
-The request's `system` and `messages` become the neutral turn's messages (request.py); the
-turn goes to the tenant's upstream by translation to a chat completion (to_chat.py), and the
-reply comes back as an Anthropic `message` or event stream (from_chat.py, chat_stream.py).
-What the proxy attaches is placed by the pipeline (a system message right before the newest
-user message, by default): the translated client prefix before it is the same, request after
-request, as it would be without memory.
+The request's `system` and `messages` become the neutral turn's messages (request.py). Two
+ways to the upstream:
+
+- **native** (kind `anthropic`): the client's request goes as it came, byte for byte up to
+  its newest user turn, with what the proxy attached placed around it (native.py); the reply
+  or event stream comes back as the API sent it, read to observe.
+- **translate** (any other kind): the request becomes a chat completion (to_chat.py), and the
+  reply an Anthropic `message` or event stream again (from_chat.py, chat_stream.py). What the
+  proxy attaches is placed by the pipeline (a system message right before the newest user
+  message, by default): the translated client prefix before it is the same, request after
+  request, as it would be without memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import msgspec
 
 from proxy.core.errors import ProxyError
 from proxy.pipeline.wire import NeutralTurn, WholeReply
-from proxy.protocols.anthropic.chat_stream import ChatToMessagesStream
+from proxy.protocols.anthropic.chat_stream import ChatToMessagesStream, encode_event
 from proxy.protocols.anthropic.from_chat import (
     as_error_body,
+    error_body,
     message_from_chat,
     new_message_id,
     stored_reply,
 )
+from proxy.protocols.anthropic.native import MessageAssembler, native_body, observe_message
 from proxy.protocols.anthropic.request import ParsedMessages, parse_messages
 from proxy.protocols.anthropic.to_chat import chat_request
+from proxy.upstream.anthropic import FORWARDED, MessagesUpstream
 from proxy.upstream.base import Upstream, UpstreamReply
 from proxy.upstream.sse import ReplyAssembler, error_text, event_data, reply_from_completion
 
@@ -99,6 +107,53 @@ class TranslatedReader:
         return self.events.start() + self.events.fail(error.message, error.status)
 
 
+class NativeReader:
+    """A Messages event stream from the upstream, relayed as it is and folded to observe."""
+
+    end_markers = END_MARKERS
+
+    def __init__(self) -> None:
+        self.reply = MessageAssembler()
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.reply.error
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.reply.chat_usage()
+
+    @property
+    def ended(self) -> bool:
+        return self.reply.stopped
+
+    @property
+    def received_anything(self) -> bool:
+        return self.reply.received_anything
+
+    @property
+    def native(self) -> None:
+        return None
+
+    def message(self) -> dict[str, Any]:
+        return self.reply.message()
+
+    def read(self, raw: bytes, *, fold: bool = True) -> bytes:
+        payload = event_data(raw)
+        if payload is not None:
+            self.reply.add(payload)
+        return raw
+
+    def unread(self, raw: bytes) -> bytes:
+        return raw
+
+    def close(self) -> bytes:
+        return b""
+
+    def failed(self, error: ProxyError) -> bytes:
+        return encode_event(error_body(error.status, error.message))
+
+
 def user_fields(body: dict[str, Any]) -> list[tuple[str, object]]:
     """The request's own field that may name its user."""
     metadata = body.get("metadata")
@@ -107,18 +162,29 @@ def user_fields(body: dict[str, Any]) -> list[tuple[str, object]]:
 
 
 class MessagesAPI:
-    """One `POST /v1/messages` request's adapter (translated to chat completions)."""
+    """One `POST /v1/messages` request's adapter."""
 
     name = "messages"
 
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
+    def __init__(
+        self,
+        body: dict[str, Any],
+        *,
+        native: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """`native`: the upstream speaks the Messages API; `headers`: the client's request
+        headers (its anthropic-version and anthropic-beta go on to a native upstream)."""
+        self.body, self.native = body, native
+        given = headers or {}
+        self.headers = {k: given[k] for k in FORWARDED if k in given}
         self.message_id = new_message_id()
         # memproxy's own extension: never forwarded.
         self.attachments = body.pop("attachments", None)
         self.parsed: ParsedMessages = parse_messages(body)  # (malformed: 400, nothing stored)
         self.messages = self.parsed.messages
-        chat_request(body, self.messages)  # (what translation cannot serve: 400 before storing)
+        if not native:  # (what translation cannot serve: 400 before anything is stored)
+            chat_request(body, self.messages)
 
     def neutral(self) -> NeutralTurn:
         body = self.body
@@ -138,6 +204,11 @@ class MessagesAPI:
         *,
         sent: Callable[[], None] | None = None,
     ) -> UpstreamReply:
+        if self.native:
+            body = native_body(self.body, self.parsed, messages)
+            stream = body.get("stream") is True
+            native = cast(MessagesUpstream, upstream)
+            return await native.messages(body, self.headers, stream=stream, sent=sent)
         chat = chat_request(self.body, messages, stream_usage=upstream.stream_usage)
         return await upstream.chat_completions(chat, stream=chat.get("stream") is True, sent=sent)
 
@@ -146,10 +217,17 @@ class MessagesAPI:
     ) -> None:
         return None  # (a message is not kept apart from the conversation's messages)
 
-    def stream_reader(self) -> TranslatedReader:
+    def stream_reader(self) -> TranslatedReader | NativeReader:
+        if self.native:
+            return NativeReader()
         return TranslatedReader(self.body["model"], self.message_id)
 
     def whole(self, reply: UpstreamReply) -> WholeReply:
+        if self.native:  # (an error passes on as the API said it)
+            if reply.status >= 400:
+                return WholeReply(None, None, reply)
+            message, usage = observe_message(reply.body or b"")
+            return WholeReply(message, usage, reply)
         if reply.status >= 400:
             try:
                 payload = msgspec.json.decode(reply.body or b"")
