@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import anthropic
 import pytest
 
-from proxy.core.config import Config, UpstreamConfig
+from proxy.core.config import Config, PriceConfig, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.anthropic_upstream import (
     API_KEY,
     TOOL_INPUT,
     FakeAnthropic,
+    Reply,
     error_reply,
+    message_reply,
 )
 from tests.fakes.server import ServerThread
 
@@ -221,3 +224,35 @@ async def test_an_upstream_error_passes_through_in_anthropics_shape(
         "type": "error",
         "error": {"type": "overloaded_error", "message": "Overloaded"},
     }
+
+
+async def test_cache_reads_count_in_the_prompt_at_their_own_price(
+    fake: tuple[FakeAnthropic, str], serve_proxy: ServeProxy
+) -> None:
+    app, url = fake
+    upstream = UpstreamConfig(kind="anthropic", base_url=url, api_key=API_KEY)
+    config = make_config(upstream).model_copy(
+        update={
+            "pricing": {
+                MODEL: PriceConfig(input_per_mtok=3, output_per_mtok=15, cached_input_per_mtok=0.3)
+            }
+        }
+    )
+    body = {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    reply = message_reply(body)
+    reply["usage"] = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 1000,
+        "output_tokens": 20,
+    }
+    app.script.append(Reply(body=reply))
+    base = serve_proxy(config).removesuffix("/v1")
+    async with anthropic.AsyncAnthropic(base_url=base, api_key=KEY, max_retries=0) as client:
+        raw = await client.messages.with_raw_response.create(**body, extra_headers=alice())
+    assert (await raw.parse()).usage.cache_read_input_tokens == 1000
+    headers = raw.http_response.headers
+    assert headers["x-usage-prompt-tokens"] == "1010"
+    assert headers["x-usage-completion-tokens"] == "20"
+    # 10 x 3 + 1000 x 0.3 + 20 x 15 per million tokens
+    assert Decimal(headers["x-cost-usd"]) == Decimal("0.00063")
