@@ -161,10 +161,26 @@ async def test_a_tool_use_round_trip_continues_one_conversation(
     assert stored["data"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+async def test_a_streamed_tool_call_reaches_the_sdk_whole(
+    proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
+) -> None:
+    async with client.messages.stream(
+        model=MODEL,
+        max_tokens=50,
+        tools=[WEATHER],
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        extra_headers=user("al"),
+    ) as stream:
+        final = await stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    call = final.content[-1]
+    assert call.type == "tool_use" and call.name == "get_weather" and call.input == {"q": "x"}
+
+
 async def test_what_a_user_said_in_one_conversation_reaches_the_next_but_no_other_user(
     proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
 ) -> None:
-    fake, _ = proxy
+    fake, base = proxy
     await client.messages.create(
         model=MODEL,
         max_tokens=100,
@@ -180,6 +196,15 @@ async def test_what_a_user_said_in_one_conversation_reaches_the_next_but_no_othe
     assert sent[-1] == {"role": "user", "content": "What is my beagle called?"}
     await client.messages.create(
         model=MODEL, max_tokens=100, messages=question, extra_headers=user("bob")
+    )
+    assert "Biscuit" not in json.dumps(fake.chat_requests[-1])
+    # Stored as any other turn: the user's export holds it, and erasing the user forgets it.
+    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as h:
+        exported = (await h.get("/v1/memory/users/alice/export")).text
+        assert "We named the beagle Biscuit." in exported
+        assert (await h.delete("/v1/memory/users/alice")).status_code in (200, 204)
+    await client.messages.create(
+        model=MODEL, max_tokens=100, messages=question, metadata={"user_id": "alice"}
     )
     assert "Biscuit" not in json.dumps(fake.chat_requests[-1])
 
