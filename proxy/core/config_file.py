@@ -305,7 +305,8 @@ def _first_error(exc: ValidationError, where: str = "") -> str:
     parts += [str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig"))]
     loc = ".".join(parts)
     value = err.get("input")
-    secret = "api_key" in loc or loc == "database.url"  # (a URL may hold a password)
+    # (a URL may hold a password)
+    secret = "api_key" in loc or loc == "database.url" or loc.endswith(".secret")
     shown = "" if secret or isinstance(value, dict | list) else f" (got {value!r})"
     more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
     return f"{loc}: {err['msg']}{shown}{more}"
