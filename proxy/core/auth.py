@@ -161,11 +161,12 @@ def refuse_repeated(headers: Headers) -> None:
     """400 for a request carrying an `X-Memory-*` header (or Idempotency-Key, Authorization)
     more than once."""
     seen: set[str] = set()
-    for name, _ in headers.items():
-        lower = name.lower()
+    for key, _ in headers.items():
+        lower = key.lower()
         if not (lower.startswith("x-memory-") or lower in _SINGLE):
             continue
         if lower in seen:
+            name = "-".join(part.capitalize() for part in lower.split("-"))  # X-Memory-User-Id
             raise BadRequest(
                 f"The {name} header is given more than once; send it once.",
                 param=name,

@@ -225,7 +225,7 @@ def test_a_header_given_twice_is_a_400(ring: KeyRing, name: str) -> None:
     raw = [(b"authorization", b"Bearer key-hdr"), (name.encode(), b"one"), (name.encode(), b"two")]
     with pytest.raises(BadRequest) as info:
         ring.principal_for(Headers(raw), "chat")
-    assert (info.value.code, info.value.param) == ("duplicate_header", name)
+    assert (info.value.code, info.value.param) == ("duplicate_header", name.title())
 
 
 def test_management_calls_of_bound_credentials_see_their_user_only(ring: KeyRing) -> None:
