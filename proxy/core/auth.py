@@ -1,4 +1,4 @@
-"""Who is calling, and as which user (docs/trust-model.md): the one place that decides.
+"""Who is calling, and as which user (docs/concepts/trust-model.md): the one place that decides.
 
 A key names its tenant and scopes, and may be bound to one user. A tenant's `identity.mode`
 says where its users come from: `header` trusts the user the request names (a backend that

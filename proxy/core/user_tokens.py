@@ -1,5 +1,5 @@
 """Signed user tokens (`identity: {mode: token}`): a JWT in `X-Memory-User-Token` whose `sub`
-is the user a request acts as (docs/trust-model.md).
+is the user a request acts as (docs/concepts/trust-model.md).
 
 The application's backend signs a short-lived token for its signed-in user; the browser or app
 sends it beside the tenant's key. Each tenant verifies with its own key material, so a token
@@ -17,7 +17,8 @@ from typing import Any
 
 import jwt
 
-from proxy.core.config import ConfigError, IdentityConfig
+from proxy.core.config import ConfigError
+from proxy.core.config_identity import IdentityConfig
 from proxy.core.errors import AuthenticationFailed
 
 REQUIRED_CLAIMS = ("exp", "sub")

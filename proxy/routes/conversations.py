@@ -2,7 +2,7 @@
 
 Scope `manage`; every read and write is scoped by the caller's tenant, and an id that belongs
 to another tenant looks exactly like one that does not exist (404); so does another user's, for
-a key or token bound to one user (docs/trust-model.md), which lists only its own.
+a key or token bound to one user (docs/concepts/trust-model.md), which lists only its own.
 """
 
 from __future__ import annotations

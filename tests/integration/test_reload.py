@@ -124,6 +124,7 @@ def test_sighup_reloads_keys_tenants_and_limits_without_dropping_a_stream(
 def test_sighup_picks_up_key_bindings_and_identity_settings(tmp_path: Path) -> None:
     """A key bound to a user, token mode turned on, its secret rotated and a key file that
     does not load: each reload takes effect on the next request (or, the bad one, none)."""
+
     def token(secret: str) -> str:
         return jwt.encode({"sub": "alice", "exp": int(time.time()) + 600}, secret, "HS256")
 
