@@ -126,7 +126,7 @@ async def list_memories(
 
     def work(conn: Connection) -> list[MemoryRecord]:
         repo = Memories(conn)
-        after = repo.get(principal.tenant_id, after_id, user) if after_id else None
+        after = repo.get(principal.tenant_id, after_id, principal.user) if after_id else None
         if after_id and after is None:
             raise BadRequest(f"after: no memory '{after_id}'.", param="after")
         return repo.find(
