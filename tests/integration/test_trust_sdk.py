@@ -101,6 +101,9 @@ def test_a_bound_key_acts_as_its_user_only(proxy: str) -> None:
         assert listed and {c["user"] for c in listed} == {"alice"}
         assert http.get("/memory/users/bob/export").status_code == 403
         assert http.get("/memory/users/alice/export").json()["user"] == "alice"
+        assert http.delete("/memory/users/bob").status_code == 403
+        assert http.delete("/memory/users/alice").status_code == 200  # (its own: erased)
+        assert http.get("/memory/conversations").json()["data"] == []
 
 
 def test_token_mode_takes_the_user_from_a_signed_token(proxy: str) -> None:
