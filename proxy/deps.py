@@ -8,7 +8,7 @@ from litestar import Request
 from litestar.di import NamedDependency
 
 from proxy.core.access import request_info
-from proxy.core.auth import Principal, bearer_or_api_key
+from proxy.core.auth import Principal
 from proxy.core.config import Scope
 from proxy.core.requests import refuse_unknown
 from proxy.state import AppState
@@ -18,18 +18,11 @@ def provide_services(request: Request[Any, Any, Any]) -> AppState:
     return cast(AppState, request.app.state.memproxy)
 
 
-def presented_key(request: Request[Any, Any, Any]) -> str | None:
-    """The `Authorization` header, or on a route that takes it (Anthropic's), `x-api-key`."""
-    headers = request.headers
-    if request.route_handler.opt.get("x_api_key"):
-        return bearer_or_api_key(headers.get("authorization"), headers.get("x-api-key"))
-    return headers.get("authorization")
-
-
 async def provide_principal(
     request: Request[Any, Any, Any], services: NamedDependency[AppState]
 ) -> Principal:
-    """The caller, authenticated for the scope the route declares in `opt["scope"]`.
+    """The caller, authenticated for the scope the route declares in `opt["scope"]`, with the
+    user it may act as (proxy/core/auth.py).
 
     A management call first waits for the tenant's reply writes still in flight, so what it
     reads or changes is whole (see ConversationMemory.reply_after_response).
@@ -39,7 +32,9 @@ async def provide_principal(
     """
     info = request_info(request.scope)
     scope: Scope = request.route_handler.opt.get("scope", "chat")
-    principal = services.keys.authenticate(presented_key(request), scope)
+    # (Anthropic's route takes the key in `x-api-key` too.)
+    x_api_key = bool(request.route_handler.opt.get("x_api_key"))
+    principal = services.keys.principal_for(request.headers, scope, x_api_key=x_api_key)
     info.tenant = principal.tenant_id
     if scope == "manage":
         if request.scope.get("query_string"):
