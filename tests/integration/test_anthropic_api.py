@@ -11,7 +11,13 @@ import anthropic
 import httpx
 import pytest
 
-from proxy.core.config import Config, ServerConfig, UpstreamConfig
+from proxy.core.config import (
+    ApiKeyConfig,
+    Config,
+    ServerConfig,
+    TenantConfig,
+    UpstreamConfig,
+)
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, error_reply
 
@@ -335,3 +341,39 @@ async def test_the_echo_upstream_serves_messages_without_any_provider(
         ) as stream:
             final = await stream.get_final_message()
         assert final.content[0].type == "text" and final.stop_reason is not None
+
+
+async def test_a_key_bound_to_a_user_decides_over_metadata_user_id(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> None:
+    fake, url = fake_upstream
+    upstream = UpstreamConfig(kind="openai", base_url=url, api_key="upstream-key")
+    config = make_config(upstream)
+    tenant = config.tenants["t1"]
+    bound = TenantConfig(
+        api_keys=[KEY, ApiKeyConfig(key="alice-key", user="alice")],
+        upstream="main",
+        memory=tenant.memory,
+    )
+    config = config.model_copy(update={"tenants": {**config.tenants, "t1": bound}})
+    base = serve_proxy(config).removesuffix("/v1")
+    async with anthropic.AsyncAnthropic(base_url=base, api_key="alice-key", max_retries=0) as c:
+        raw = await c.messages.with_raw_response.create(
+            model=MODEL,
+            max_tokens=10,
+            messages=[{"role": "user", "content": "I am alice."}],
+            metadata={"user_id": "bob"},  # (decides nothing: the key is alice's)
+        )
+        with pytest.raises(anthropic.PermissionDeniedError) as refused:
+            await c.messages.create(
+                model=MODEL,
+                max_tokens=10,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers=user("bob"),
+            )
+    assert refused.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+    conversation = raw.http_response.headers["x-memory-conversation-id"]
+    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as h:
+        found = (await h.get(f"/v1/memory/conversations/{conversation}")).json()
+    assert found["user"] == "alice"
+    assert "metadata" not in fake.chat_requests[-1]
