@@ -185,9 +185,10 @@ def _check_message(message: Any, where: str, *, imported: bool) -> None:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} is {_kind(message)}, expected an object.", param=where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # (an object or an array is unhashable)
+        shown = repr(role) if isinstance(role, str) else _kind(role)
         raise BadRequest(
-            f"{where}.role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
+            f"{where}.role is {shown}; expected one of {', '.join(sorted(ROLES))}.",
             param=f"{where}.role",
         )
     content = message.get("content")
