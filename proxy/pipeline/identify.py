@@ -13,7 +13,7 @@ from litestar import Request
 from proxy.core.access import RequestInfo, request_info
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest
-from proxy.core.requests import header_text
+from proxy.core.requests import check_user_id, header_text
 from proxy.pipeline.turn import ANONYMOUS, Mode, now
 from proxy.pipeline.wire import NeutralTurn
 from proxy.state import AppState
@@ -51,15 +51,11 @@ def identify(
     is malformed): the user fields in order of trust, and the conversation it names."""
     headers = request.headers
     user: object = header_text(request, "X-Memory-User-Id")
-    param = "user"  # (the header's too: the user the request names)
+    param = "X-Memory-User-Id"
     if not user:
         param, user = next(((p, v) for p, v in user_fields if v is not None), ("user", None))
-    if user is not None and (
-        not isinstance(user, str) or not user.strip() or len(user) > 256 or "\x00" in user
-    ):
-        raise BadRequest(
-            "The user id must be a non-empty string of at most 256 characters.", param=param
-        )
+    if user is not None:
+        check_user_id(user, param)
     conversation_id = headers.get("x-memory-conversation-id") or conversation_field
     if conversation_id is not None and not CONVERSATION_ID.fullmatch(conversation_id):
         raise BadRequest(

@@ -243,7 +243,7 @@ async def export_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user_id = user_param(user_in_path(user_id), "user_id")
+    user_id = user_param(user_in_path(user_id), "user_id", stored_before=True)
     await services.deferred.settle()  # (mode-off records written in batches)
     page = services.config.server.export_page_rows
     spool = await _spooled(services, principal.tenant_id, user_id, page)

@@ -27,7 +27,12 @@ from policies.tokens import count_response_input
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
-from proxy.core.requests import check_responses_request, header_text, parse_json_object
+from proxy.core.requests import (
+    check_responses_request,
+    check_user_id,
+    header_text,
+    parse_json_object,
+)
 from proxy.protocols.responses.stored import deleted, input_item_list, item_list
 from proxy.protocols.responses.turn import create_response_turn, read_chain
 from proxy.routes.api_types import Deleted
@@ -86,12 +91,7 @@ def _path(request: Request[Any, Any, Any]) -> str:
 def named_user(request: Request[Any, Any, Any]) -> str | None:
     """The user the request names (`X-Memory-User-Id`), whose responses alone it may see."""
     user = header_text(request, USER_HEADER)
-    if user is not None and (not user.strip() or len(user) > 256):
-        raise BadRequest(
-            f"{USER_HEADER} must be a non-empty string of at most 256 characters.",
-            param=USER_HEADER,
-        )
-    return user
+    return None if user is None else check_user_id(user, USER_HEADER)
 
 
 def not_found(response_id: str) -> NotFound:

@@ -4,6 +4,7 @@ shape, and stores nothing."""
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,3 +56,44 @@ def test_a_role_that_is_an_object_or_an_array_is_a_400_naming_it_everywhere(
     assert error_param(typed) == (400, "input[0].role")
     assert client.get("/v1/memory/conversations/c/messages").json()["data"] == []
     assert fake_upstream[0].chat_requests == []
+
+
+@pytest.mark.parametrize("user", [".", ".."])
+def test_dot_segment_user_ids_are_refused_wherever_a_user_is_named(
+    client: httpx.Client, fake_upstream: tuple[FakeOpenAI, str], user: str
+) -> None:
+    # URL clients collapse "." and ".." path segments (and their %2E forms): such a user's
+    # /v1/memory/users/{id}/export and erasure could never be reached, so no data is stored
+    # for one in the first place.
+    hi = [{"role": "user", "content": "hi"}]
+    chat = {"model": "m", "messages": hi}
+    refused = [
+        (client.post("/v1/chat/completions", json=chat, headers={"X-Memory-User-Id": user}),
+         "X-Memory-User-Id"),
+        (client.post("/v1/chat/completions", json={**chat, "user": user}), "user"),
+        (client.post("/v1/chat/completions", json={**chat, "safety_identifier": user}),
+         "safety_identifier"),
+        (client.post("/v1/responses", json={"model": "m", "input": "hi", "user": user}), "user"),
+        (client.post("/v1/responses", json={"model": "m", "input": "hi"},
+                     headers={"X-Memory-User-Id": user}), "X-Memory-User-Id"),
+        (client.post("/v1/memory/conversations", json={"user": user, "messages": hi}), "user"),
+        (client.post("/v1/memory/memories", json={"user": user, "text": "likes tea"}), "user"),
+        (client.get("/v1/memory/conversations", params={"user": user}), "user"),
+        (client.get("/v1/memory/memories", params={"user": user}), "user"),
+    ]  # fmt: skip
+    assert [error_param(r) for r, _ in refused] == [(400, param) for _, param in refused]
+    assert client.get("/v1/memory/conversations").json()["data"] == []
+    assert fake_upstream[0].chat_requests == []
+    # Ids that merely hold dots are users like any other, reachable by the URL recipe.
+    for name in ("...", ".alice", "a.b"):
+        sent = client.post("/v1/chat/completions", json=chat, headers={"X-Memory-User-Id": name})
+        assert sent.status_code == 200, sent.text
+        export = client.get(f"/v1/memory/users/{name}/export")
+        assert export.status_code == 200 and export.json()["user"] == name
+    # A user named so before they were refused can still be erased (and exported), by a
+    # client that keeps dot segments.
+    conn = http.client.HTTPConnection(httpx.URL(str(client.base_url)).host, client.base_url.port)
+    conn.request("DELETE", f"/v1/memory/users/{user}", headers={"authorization": f"Bearer {KEY}"})
+    erased = conn.getresponse()
+    assert erased.status == 200, erased.read()
+    conn.close()
