@@ -50,12 +50,11 @@ def identify(
     """The identity a request's headers and its protocol's own fields give (400 for one that
     is malformed): the user fields in order of trust, and the conversation it names."""
     headers = request.headers
-    user: object = header_text(request, "X-Memory-User-Id")
+    named: object = header_text(request, "X-Memory-User-Id")
     param = "X-Memory-User-Id"
-    if not user:
-        param, user = next(((p, v) for p, v in user_fields if v is not None), ("user", None))
-    if user is not None:
-        check_user_id(user, param)
+    if not named:
+        param, named = next(((p, v) for p, v in user_fields if v is not None), ("user", None))
+    user = ANONYMOUS if named is None else check_user_id(named, param)
     conversation_id = headers.get("x-memory-conversation-id") or conversation_field
     if conversation_id is not None and not CONVERSATION_ID.fullmatch(conversation_id):
         raise BadRequest(
@@ -68,7 +67,7 @@ def identify(
     key = headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise BadRequest("Idempotency-Key must be 1-256 characters.", param="Idempotency-Key")
-    return Identity(user or ANONYMOUS, conversation_id, mode, key)
+    return Identity(user, conversation_id, mode, key)
 
 
 @dataclass(slots=True)
