@@ -1,5 +1,5 @@
-"""Public ids of rows numbered by the database (messages, jobs): `msg_` or `job_` and 14
-letters, a keyed permutation of the row's key, so that ids say nothing about how many rows
+"""Public ids of rows numbered by the database (messages, jobs): `msg_` or `job_` and 15
+consonants, a keyed permutation of the row's key, so that ids say nothing about how many rows
 there are (`msg_18` told every client how many messages all tenants had stored).
 
 The permutation is a balanced Feistel network over 64 bits with a keyed BLAKE2b round
@@ -15,12 +15,13 @@ import re
 
 MESSAGE, JOB = "msg", "job"  # the prefixes of the ids of each kind
 PUBLIC_IDS = "public_ids"  # the name of the key among the deployment's secrets
-ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-WIDTH = 14  # letters: 26**14 > 2**64
+# Consonants only: an id never spells a word (nor a user's name a test looks for).
+ALPHABET = "bcdfghjklmnpqrstvwxz"
+WIDTH = 15  # letters: 20**15 > 2**64
 ROUNDS = 8
 _HALF = 0xFFFFFFFF
 _OLD = re.compile(r"[0-9]{1,18}")  # the decimal ids given before
-_NEW = re.compile(f"[a-z]{{{WIDTH}}}")
+_NEW = re.compile(f"[{ALPHABET}]{{{WIDTH}}}")
 MAX_KEY = 2**63 - 1  # a primary key (a signed 64-bit integer)
 
 
