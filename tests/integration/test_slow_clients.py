@@ -5,16 +5,22 @@ not, however long its body or its answer then takes (those have limits of their 
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import select
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.core.slow_headers import bounded_headers
+from tests.fakes.server import ServerThread
 from tests.processes import Replica, spawn, stop, wait_ready
 
 KEY = "slow-key"
@@ -130,3 +136,26 @@ def status_of(conn: socket.socket) -> int:
     response.begin()
     response.read()
     return response.status
+
+
+async def _ok(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The smallest ASGI app: 200 to every request."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("base", [H11Protocol, HttpToolsProtocol], ids=["h11", "httptools"])
+def test_either_of_uvicorns_http_protocols_bounds_the_headers(base: type[asyncio.Protocol]) -> None:
+    # `memproxy serve` takes uvicorn's choice (httptools when installed, else h11).
+    with ServerThread(_ok, http=bounded_headers(0.5, base), lifespan="off") as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=GIVE_UP) as conn:
+            answer = dribble(conn, endless_headers(), 0.1)
+        assert answer is not None and answer.startswith(b"HTTP/1.1 408 "), answer
+        with socket.create_connection(("127.0.0.1", server.port), timeout=GIVE_UP) as conn:
+            conn.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert status_of(conn) == 200
+            time.sleep(1.0)  # (idle between requests: uvicorn's keep-alive timeout, 5 s)
+            conn.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert status_of(conn) == 200
