@@ -21,7 +21,8 @@ def provide_services(request: Request[Any, Any, Any]) -> AppState:
 async def provide_principal(
     request: Request[Any, Any, Any], services: NamedDependency[AppState]
 ) -> Principal:
-    """The caller, authenticated for the scope the route declares in `opt["scope"]`.
+    """The caller, authenticated for the scope the route declares in `opt["scope"]`, with the
+    user it may act as (proxy/core/auth.py).
 
     A management call first waits for the tenant's reply writes still in flight, so what it
     reads or changes is whole (see ConversationMemory.reply_after_response).
@@ -31,7 +32,7 @@ async def provide_principal(
     """
     info = request_info(request.scope)
     scope: Scope = request.route_handler.opt.get("scope", "chat")
-    principal = services.keys.authenticate(request.headers.get("authorization"), scope)
+    principal = services.keys.principal_for(request.headers, scope)
     info.tenant = principal.tenant_id
     if scope == "manage":
         if request.scope.get("query_string"):

@@ -154,7 +154,11 @@ class Exchange(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
-        UniqueConstraint("tenant_id", "idempotency_key", name="uq_exchanges_idempotency"),
+        # Each user's keys are their own (migration 0021): one user's key never blocks, nor
+        # answers as a retry, another user's request.
+        UniqueConstraint(
+            "tenant_id", "user_id", "idempotency_key", name="uq_exchanges_user_idempotency"
+        ),
         # Only the exchanges still in progress: what the crash sweeper looks for, and a tiny
         # index that a finished exchange leaves.
         Index(
@@ -446,7 +450,7 @@ class StoredResponse(Base):
 class ServerSecret(Base):
     """The deployment's own secrets, the same for every replica: `public_ids`, the key of the
     permutation that gives numbered rows their public ids (policies/public_ids.py). Made by
-    migration 0021; not tenant data."""
+    migration 0022; not tenant data."""
 
     __tablename__ = "server_secrets"
 

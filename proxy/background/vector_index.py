@@ -3,11 +3,15 @@
 Brute force with numpy over the user's vectors (about 3 ms for 27,000 of 384 dimensions). The
 vectors live in the database, a table for each kind (`SOURCES`); each user's are kept here
 too, per (kind, tenant, user, model), and brought up to date on every search inside the
-caller's read transaction: one index-range count tells whether anything was stored or deleted
-since they were loaded; what was stored since is read and appended, and anything else (a
-deletion, a vector committed out of order) reloads the user's vectors whole. So a search sees
-exactly the vectors of its snapshot; a hit is also only ever used once its message (memory,
-passage) has been read back in the same snapshot (proxy/pipeline/recall.py,
+caller's read transaction: the newest vector's pk (one index seek) tells whether anything was
+stored since they were loaded, and what was is read and appended. Deletions, and vectors
+committed out of order (PostgreSQL's sequences), are found by counting the user's vectors (a
+scan of their index range: 0.55 ms at 2,760 messages on SQLite, growing with them), at most
+every `verify_seconds`, and at once when an item held is embedded again (a memory's text
+edited: its old vector went with the edit); when the count disagrees the user's vectors are
+reloaded whole. Until then a search may still compare a deleted item, and may miss one
+committed out of order (found by its words meanwhile): a hit is only ever used once its
+message (memory, passage) has been read back in the same snapshot (proxy/pipeline/recall.py,
 proxy/pipeline/artifact_sources.py), so a deleted one never comes back. Memory is bounded
 (`max_bytes`): the least recently searched users go first, and a user too large to keep is
 read whole for each search.
@@ -16,9 +20,10 @@ read whole for each search.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection
@@ -29,7 +34,7 @@ from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.search import Hit
 from storage.repositories.vectors import MessageVectors, StoredVector
 
-if TYPE_CHECKING:  # numpy is optional (the `embeddings` extra): imported when first used
+if TYPE_CHECKING:  # numpy: imported when first used (a tenant with embeddings on)
     import numpy as np
     from numpy.typing import NDArray
 
@@ -39,6 +44,8 @@ class VectorSource(Protocol):
 
     def stats(self, tenant_id: str, user_id: str, model: str) -> tuple[int, int]: ...
 
+    def newest(self, tenant_id: str, user_id: str, model: str) -> int: ...
+
     def load(
         self, tenant_id: str, user_id: str, model: str, *, after_pk: int = 0
     ) -> list[StoredVector]: ...
@@ -46,6 +53,8 @@ class VectorSource(Protocol):
 
 Source = Callable[[Connection], VectorSource]
 Key = tuple[str, str, str, str]  # kind, tenant, user, model
+# How long a user's kept vectors go without being counted against the database (deletions).
+VERIFY_SECONDS = 5.0
 # The kinds: the vectors of stored messages, of memories and of attachments' passages.
 SOURCES: dict[str, Source] = {
     "messages": MessageVectors,
@@ -89,6 +98,7 @@ class _Vectors:
     n: int
     count: int  # vectors in the database then
     last_pk: int  # the newest vector's pk then
+    verified_at: float  # (monotonic) when `count` was last checked against the database
 
     @property
     def nbytes(self) -> int:
@@ -96,11 +106,19 @@ class _Vectors:
 
 
 class VectorIndex:
-    def __init__(self, *, max_bytes: int = 256 * 2**20) -> None:
+    def __init__(
+        self,
+        *,
+        max_bytes: int = 256 * 2**20,
+        verify_seconds: float = VERIFY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         import numpy
 
         self._np: Any = numpy
         self.max_bytes = max_bytes
+        self.verify_seconds = verify_seconds
+        self._clock = clock
         self._users: OrderedDict[Key, _Vectors] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -211,24 +229,42 @@ class VectorIndex:
     def _current(self, conn: Connection, key: Key) -> _Vectors | None:
         kind, tenant_id, user_id, model = key
         repo = SOURCES[kind](conn)
-        count, last_pk = repo.stats(tenant_id, user_id, model)
         with self._lock:
             kept = self._users.get(key)
             if kept is not None:
                 self._users.move_to_end(key)
+        at = self._clock()
+        if kept is not None and at - kept.verified_at < self.verify_seconds:
+            last_pk = repo.newest(tenant_id, user_id, model)
+            if last_pk == kept.last_pk:
+                return kept
+            if last_pk > kept.last_pk:  # (else the newest was deleted: counted below)
+                new = repo.load(tenant_id, user_id, model, after_pk=kept.last_pk)
+                if not self._held(kept, new):  # (else an item embedded again: counted below)
+                    appended = self._appended(kept, new, kept.count + len(new), last_pk)
+                    return self._keep(key, appended)
+        count, last_pk = repo.stats(tenant_id, user_id, model)
         if count == 0:
             if kept is not None:
                 self.forget_key(key)
             return None
         if kept is not None and kept.count == count and kept.last_pk == last_pk:
-            return kept
+            return self._keep(key, replace(kept, verified_at=at))
         if kept is not None and last_pk > kept.last_pk:
             new = repo.load(tenant_id, user_id, model, after_pk=kept.last_pk)
             if kept.count + len(new) == count:
-                return self._keep(key, self._appended(kept, new, count, last_pk))
+                return self._keep(key, self._appended(kept, new, count, last_pk, at))
         self.loads += 1
-        loaded = self._appended(None, repo.load(tenant_id, user_id, model), count, last_pk)
+        loaded = self._appended(None, repo.load(tenant_id, user_id, model), count, last_pk, at)
         return self._keep(key, loaded)
+
+    def _held(self, kept: _Vectors, rows: Sequence[StoredVector]) -> bool:
+        """Whether any of `rows` is of an item `kept` has a vector of: embedded again (a
+        memory's text edited), so its old vector is gone from the database."""
+        if not rows:
+            return False
+        items = self._np.fromiter((r.item_pk for r in rows), dtype=self._np.int64, count=len(rows))
+        return bool(self._np.isin(items, kept.buffer.items[: kept.n]).any())
 
     def forget_key(self, key: Key) -> None:
         with self._lock:
@@ -250,11 +286,18 @@ class VectorIndex:
         return vectors
 
     def _appended(
-        self, kept: _Vectors | None, rows: Sequence[StoredVector], count: int, last_pk: int
+        self,
+        kept: _Vectors | None,
+        rows: Sequence[StoredVector],
+        count: int,
+        last_pk: int,
+        verified_at: float | None = None,
     ) -> _Vectors:
-        """`kept` with `rows` after it, or `rows` alone. Rows are appended in place only when
-        no other search extended the same buffer past `kept` meanwhile (under the lock);
-        otherwise into a new buffer."""
+        """`kept` with `rows` after it, or `rows` alone (verified at `verified_at`, else when
+        `kept` was). Rows are appended in place only when no other search extended the same
+        buffer past `kept` meanwhile (under the lock); otherwise into a new buffer."""
+        if verified_at is None:
+            verified_at = kept.verified_at if kept is not None else self._clock()
         np = self._np
         if kept is not None:
             dims = int(kept.buffer.matrix.shape[1])
@@ -286,7 +329,7 @@ class VectorIndex:
                 buffer.groups[old_n:n] = [r.group_pk for r in rows]
                 buffer.seqs[old_n:n] = [r.seq for r in rows]
             buffer.used = n
-        return _Vectors(buffer, n, count, last_pk)
+        return _Vectors(buffer, n, count, last_pk, verified_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,77 +354,3 @@ class Nearest:
         rows = numpy.isin(self.items, numpy.fromiter(pks, dtype=numpy.int64, count=len(pks)))
         found = zip(self.items[rows].tolist(), self.scores[rows].tolist(), strict=True)
         return {int(pk): float(score) for pk, score in found if score > -2.0}
-
-
-@dataclass(frozen=True, slots=True)
-class SemanticQuery:
-    """The vector half of one turn's searches (stored turns, memories, passages): the
-    question's embedding, made once, and how vector hits count."""
-
-    index: VectorIndex
-    model: str
-    vector: Sequence[float]
-    weight: float = 1.0  # against the full-text scores, when the two are fused
-    min_similarity: float = -1.0
-
-    def search(
-        self,
-        conn: Connection,
-        tenant_id: str,
-        user_id: str,
-        *,
-        limit: int,
-        conversation_pk: int | None = None,
-    ) -> Nearest:
-        """The stored messages nearest the question, and every one's similarity."""
-        return self.index.search(
-            "messages",
-            conn,
-            tenant_id,
-            user_id,
-            self.model,
-            self.vector,
-            limit=limit,
-            min_similarity=self.min_similarity,
-            groups=None if conversation_pk is None else (conversation_pk,),
-        )
-
-    def memories(
-        self, conn: Connection, tenant_id: str, user_id: str, *, limit: int
-    ) -> dict[int, float]:
-        """The user's memories nearest the question: memory pk -> similarity."""
-        found = self.index.nearest_of(
-            "memories",
-            conn,
-            tenant_id,
-            user_id,
-            self.model,
-            self.vector,
-            limit=limit,
-            min_similarity=self.min_similarity,
-        )
-        return {n.item_pk: n.score for n in found}
-
-    def passages(
-        self,
-        conn: Connection,
-        tenant_id: str,
-        user_id: str,
-        attachment_pks: Collection[int],
-        *,
-        limit: int,
-    ) -> list[Near]:
-        """The passages of those attachments (the user's) nearest the question."""
-        if not attachment_pks:
-            return []
-        return self.index.nearest_of(
-            "passages",
-            conn,
-            tenant_id,
-            user_id,
-            self.model,
-            self.vector,
-            limit=limit,
-            min_similarity=self.min_similarity,
-            groups=attachment_pks,
-        )

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from policies.intent_labels import DEFAULT_LABELS, OTHER
+from proxy.core.config_identity import IdentityConfig as IdentityConfig  # (one of the models)
 
 Scope = Literal["chat", "manage"]
 ResponsesMode = Literal["native", "translate"]
@@ -385,10 +386,14 @@ class TenantSettings(_Strict):
 class ApiKeyConfig(_Strict):
     key: str = Field(min_length=1)
     scopes: list[Scope] = ["chat", "manage"]
+    # The one user this key acts as (docs/concepts/trust-model.md); null: any user the
+    # request names.
+    user: str | None = Field(None, min_length=1, max_length=256)
 
 
 class TenantConfig(TenantSettings):
     api_keys: list[str | ApiKeyConfig] = Field(min_length=1)
+    identity: IdentityConfig = IdentityConfig()
 
 
 class Config(_Strict):

@@ -27,6 +27,7 @@ from proxy.core.config import (
     TenantSettings,
     UpstreamConfig,
 )
+from proxy.core.user_tokens import UserTokens
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -119,6 +120,7 @@ def load_config(path: str | os.PathLike[str], environ: dict[str, str] | None = N
     except ValidationError as exc:
         raise ConfigError(_in_defaults(exc, defaults, env) or _first_error(exc)) from None
     _check_keys(config)
+    _check_identity(config, defaults)
     return config
 
 
@@ -145,18 +147,46 @@ def _include_patterns(value: Any) -> list[str]:
     return patterns
 
 
-def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope]]]:
-    """Map key digest -> (tenant name, scopes)."""
-    keys: dict[str, tuple[str, frozenset[Scope]]] = {}
+def tenant_keys(config: Config) -> dict[str, tuple[str, frozenset[Scope], str | None]]:
+    """Map key digest -> (tenant name, scopes, the user the key is bound to or None)."""
+    keys: dict[str, tuple[str, frozenset[Scope], str | None]] = {}
     for name, tenant in config.tenants.items():
         for entry in tenant.api_keys:
-            key, scopes = (
-                (entry, ALL_SCOPES)
-                if isinstance(entry, str)
-                else (entry.key, frozenset(entry.scopes))
-            )
-            keys[key_digest(key)] = (name, scopes)
+            if isinstance(entry, str):
+                keys[key_digest(entry)] = (name, ALL_SCOPES, None)
+            else:
+                keys[key_digest(entry.key)] = (name, frozenset(entry.scopes), entry.user)
     return keys
+
+
+def _check_identity(config: Config, defaults: dict[str, Any]) -> None:
+    """Each tenant's tokens verified with key material of its own: a secret or key file that
+    two tenants share would let one's tokens act in the other."""
+    if "identity" in defaults:
+        raise ConfigError(
+            "defaults.identity: set identity per tenant (each verifies tokens with key "
+            "material of its own)"
+        )
+    seen: dict[tuple[str, str], str] = {}
+    for name, tenant in config.tenants.items():
+        identity = tenant.identity
+        if identity.mode == "token":
+            UserTokens(name, identity)  # (its key file read and parsed now, not at a request)
+        for field in ("secret", "public_key_file", "jwks_file"):
+            value = getattr(identity, field)
+            if value is None:
+                continue
+            material = (field, value if field == "secret" else str(Path(value).resolve()))
+            if material in seen:
+                raise ConfigError(
+                    f"tenants.{name}.identity.{field}: the same as tenant {seen[material]!r}'s "
+                    "(a token signed for one would act in the other)"
+                )
+            seen[material] = name
+        for i, entry in enumerate(tenant.api_keys):
+            user = None if isinstance(entry, str) else entry.user
+            if user is not None and (not user.strip() or "\x00" in user):
+                raise ConfigError(f"tenants.{name}.api_keys.{i}.user: not a usable user id")
 
 
 def _check_keys(config: Config) -> None:
@@ -275,7 +305,8 @@ def _first_error(exc: ValidationError, where: str = "") -> str:
     parts += [str(p) for p in err["loc"] if not str(p).startswith(("str", "ApiKeyConfig"))]
     loc = ".".join(parts)
     value = err.get("input")
-    secret = "api_key" in loc or loc == "database.url"  # (a URL may hold a password)
+    # (a URL may hold a password)
+    secret = "api_key" in loc or loc == "database.url" or loc.endswith(".secret")
     shown = "" if secret or isinstance(value, dict | list) else f" (got {value!r})"
     more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
     return f"{loc}: {err['msg']}{shown}{more}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -83,10 +83,15 @@ def reject_nul_in_url(request: Request[Any, Any, Any]) -> None:
 
 
 def header_text(request: Request[Any, Any, Any], name: str) -> str | None:
-    """A request header's value as UTF-8 text (the server hands values over read as Latin-1),
-    so that a user id sent as UTF-8 is the same user the JSON body or a query names; 400 if
-    the bytes are not UTF-8."""
-    value = request.headers.get(name)
+    """A request header's value as UTF-8 text (`header_value`)."""
+    return header_value(request.headers, name)
+
+
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value as UTF-8 text (the server hands values over read as Latin-1), so that
+    a user id sent as UTF-8 is the same user the JSON body or a query names; 400 if the bytes
+    are not UTF-8."""
+    value = headers.get(name)
     if value is None or value.isascii():
         return value
     try:

@@ -24,7 +24,7 @@ from policies.chunks import counted_chunks
 from policies.fusion import hybrid_scores
 from policies.model_json import clip, text_of
 from proxy.background.embedding_items import queue_passages
-from proxy.background.vector_index import SemanticQuery
+from proxy.background.semantic_query import SemanticQuery
 from proxy.core.requests import Inline
 from storage.records import AttachmentRecord, ChunkRecord, MessageRecord
 from storage.repositories.attachments import Attachments, ChunkHit, new_attachment_id

@@ -39,7 +39,7 @@ from policies.recall import query_terms
 from proxy.accounting.costs import TOKENIZE_INLINE_CHARS, usage_or_estimate
 from proxy.accounting.metrics import Metrics
 from proxy.background.embeddings import Embeddings
-from proxy.background.vector_index import SemanticQuery
+from proxy.background.semantic_query import SemanticQuery
 from proxy.core.config import Config, TenantConfig
 from proxy.core.errors import BadRequest
 from proxy.core.requests import Inline

@@ -11,7 +11,7 @@ from typing import Any
 from litestar import Request
 
 from proxy.core.access import RequestInfo, request_info
-from proxy.core.auth import Principal
+from proxy.core.auth import USER_HEADER, Principal
 from proxy.core.errors import BadRequest
 from proxy.core.requests import check_user_id, header_text
 from proxy.pipeline.turn import ANONYMOUS, Mode, now
@@ -44,15 +44,19 @@ class Identity:
 
 def identify(
     request: Request[Any, Any, Any],
+    principal: Principal,
     user_fields: list[tuple[str, object]],
     conversation_field: str | None = None,
 ) -> Identity:
-    """The identity a request's headers and its protocol's own fields give (400 for one that
-    is malformed): the user fields in order of trust, and the conversation it names."""
+    """The identity a request's credentials, headers and its protocol's own fields give (400
+    for one that is malformed): the user its key or token is bound to, else the user fields in
+    order of trust; and the conversation it names."""
     headers = request.headers
-    named: object = header_text(request, "X-Memory-User-Id")
-    param = "X-Memory-User-Id"
-    if not named:
+    param = USER_HEADER
+    named: object = named_user(request, principal)
+    if not named and principal.user is None:
+        # The body's fields name the user only when the credentials leave it open; bound,
+        # they are forwarded as they are and decide nothing.
         param, named = next(((p, v) for p, v in user_fields if v is not None), ("user", None))
     user = ANONYMOUS if named is None else check_user_id(named, param)
     conversation_id = headers.get("x-memory-conversation-id") or conversation_field
@@ -68,6 +72,14 @@ def identify(
     if key is not None and not 0 < len(key) <= 256:
         raise BadRequest("Idempotency-Key must be 1-256 characters.", param="Idempotency-Key")
     return Identity(user, conversation_id, mode, key)
+
+
+def named_user(request: Request[Any, Any, Any], principal: Principal) -> str | None:
+    """The user the request's credentials are bound to, else the one `X-Memory-User-Id`
+    names (`principal_for` has refused a header that names another)."""
+    if principal.user is not None:
+        return principal.user
+    return header_text(request, USER_HEADER)
 
 
 @dataclass(slots=True)
@@ -96,7 +108,7 @@ class TurnRequest:
             principal,
             services,
             turn,
-            identify(request, turn.user_fields, turn.conversation_id),
+            identify(request, principal, turn.user_fields, turn.conversation_id),
             services.upstream_for(principal),
             request_info(request.scope),
         )

@@ -29,7 +29,8 @@ from policies.recall import (
     wide_hits,
 )
 from policies.tokens import count_text
-from proxy.background.vector_index import Nearest, SemanticQuery
+from proxy.background.semantic_query import SemanticQuery
+from proxy.background.vector_index import Nearest
 from storage.database import Database
 from storage.records import MemoryRecord
 from storage.repositories.memories import Memories

@@ -13,7 +13,7 @@ import structlog
 from policies.context import StoredTurn
 from policies.tokens import message_text
 from proxy.background.embeddings import EMBED_CHARS, Vector
-from proxy.background.vector_index import SemanticQuery
+from proxy.background.semantic_query import SemanticQuery
 from proxy.pipeline.identify import TurnRequest
 from proxy.pipeline.recall import NOTHING, Recall, recall
 from proxy.pipeline.turn import ANONYMOUS, Turn, now

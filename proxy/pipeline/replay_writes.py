@@ -5,7 +5,7 @@ have been then; `SpillReplayer` (proxy/pipeline/replay.py) drives it.
 A request whose exchange is recorded already is skipped (but for its amendments), which makes
 a replay safe to repeat. A user erased after the request began is not written back
 (`erasures`). A turn whose request was refused by rules that need the database (its
-conversation belongs to another user, an idempotency key reused by another user) is recorded
+conversation belongs to another user, an idempotency key reused with other messages) is recorded
 as an exchange with the reason and no messages, as the live request would have been refused.
 """
 

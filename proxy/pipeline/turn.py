@@ -16,13 +16,13 @@ from policies.context import StoredTurn
 from policies.intent import Intent
 from policies.tokens import count_message, message_text
 from proxy.accounting.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
+from proxy.core.auth import ANONYMOUS as ANONYMOUS  # (where identity is decided)
 from storage.records import ConversationRecord, NewExchange, ResponseRecord
 
 log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
 # The intent of a request's newest user turn, given the messages up to it.
 IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
-ANONYMOUS = "anonymous"
 
 
 def now() -> datetime:

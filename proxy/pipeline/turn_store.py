@@ -194,14 +194,8 @@ def _resolve(
     history is known."""
     prior = None
     if idempotency_key:
-        prior = Exchanges(conn).by_idempotency_key(turn.tenant_id, idempotency_key)
-        if prior is not None and prior.user_id != turn.user_id:
-            # Not a retry: answering it as one would hand over the other user's context.
-            raise Unprocessable(
-                "This Idempotency-Key was already used for another user's request.",
-                param="Idempotency-Key",
-                code="idempotency_key_reused",
-            )
+        # (Each user's own: another user's request with the same key is not a retry.)
+        prior = Exchanges(conn).by_idempotency_key(turn.tenant_id, turn.user_id, idempotency_key)
         asked = hashes[-1] if hashes else None
         if prior is not None and prior.request_hash not in (None, asked):
             # Nor is a request with other messages under the key: taken for a retry, it

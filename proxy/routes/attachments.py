@@ -99,17 +99,20 @@ def _attachment_not_found(attachment_id: str) -> NotFound:
     return NotFound(f"No attachment found with id '{attachment_id}'.", code="attachment_not_found")
 
 
-def _conversation(conn: Connection, tenant_id: str, conversation_id: str) -> ConversationRecord:
+def _conversation(
+    conn: Connection, tenant_id: str, conversation_id: str, user: str | None
+) -> ConversationRecord:
+    """The tenant's conversation (of `user` only, when given: a key or token bound to one)."""
     found = Conversations(conn).get(tenant_id, conversation_id)
-    if found is None:
+    if found is None or (user is not None and found.user_id != user):
         raise _conversation_not_found(conversation_id)
     return found
 
 
 def _attachment(
-    conn: Connection, tenant_id: str, conversation_id: str, attachment_id: str
+    conn: Connection, tenant_id: str, conversation_id: str, attachment_id: str, user: str | None
 ) -> tuple[ConversationRecord, AttachmentRecord]:
-    conversation = _conversation(conn, tenant_id, conversation_id)
+    conversation = _conversation(conn, tenant_id, conversation_id, user)
     found = Attachments(conn).get(tenant_id, attachment_id)
     if found is None or found.conversation_pk != conversation.pk:
         raise _attachment_not_found(attachment_id)
@@ -246,9 +249,9 @@ async def upload_attachment(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    server, tenant = services.config.server, principal.tenant_id
+    server, tenant, user = services.config.server, principal.tenant_id, principal.user
     # Unknown conversations fail before any upload is read or parsed.
-    await services.db.read(lambda conn: _conversation(conn, tenant, conversation_id))
+    await services.db.read(lambda conn: _conversation(conn, tenant, conversation_id, user))
     kind = request.content_type[0]
     if kind == "multipart/form-data":
         upload = await _from_form(request, server)
@@ -269,7 +272,7 @@ async def upload_attachment(
     indexed = await index_text(text, max_tokens=server.max_attachment_tokens)
 
     def work(conn: Connection) -> AttachmentRecord:
-        conversation = _conversation(conn, tenant, conversation_id)
+        conversation = _conversation(conn, tenant, conversation_id, user)
         created = Attachments(conn).create(
             tenant,
             conversation.user_id,
@@ -311,7 +314,7 @@ async def list_attachments(
     tenant = principal.tenant_id
 
     def work(conn: Connection) -> tuple[list[AttachmentRecord], dict[int, int]]:
-        conversation = _conversation(conn, tenant, conversation_id)
+        conversation = _conversation(conn, tenant, conversation_id, principal.user)
         repo = Attachments(conn)
         after_pk = None
         if after:
@@ -345,7 +348,7 @@ async def get_attachment(
     tenant = principal.tenant_id
 
     def work(conn: Connection) -> tuple[AttachmentRecord, int]:
-        _, found = _attachment(conn, tenant, conversation_id, attachment_id)
+        _, found = _attachment(conn, tenant, conversation_id, attachment_id, principal.user)
         return found, Attachments(conn).chunk_counts(tenant, [found.pk]).get(found.pk, 0)
 
     found, chunks = await services.db.read(work)
@@ -367,7 +370,7 @@ async def delete_attachment(
     tenant = principal.tenant_id
 
     def work(conn: Connection) -> bool:
-        _attachment(conn, tenant, conversation_id, attachment_id)
+        _attachment(conn, tenant, conversation_id, attachment_id, principal.user)
         return Attachments(conn).delete(tenant, attachment_id)
 
     if not await services.db.write(work):

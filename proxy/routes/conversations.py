@@ -1,7 +1,8 @@
 """The management API's conversations: /v1/memory/conversations and one by id.
 
 Scope `manage`; every read and write is scoped by the caller's tenant, and an id that belongs
-to another tenant looks exactly like one that does not exist (404).
+to another tenant looks exactly like one that does not exist (404); so does another user's, for
+a key or token bound to one user (docs/concepts/trust-model.md), which lists only its own.
 """
 
 from __future__ import annotations
@@ -58,10 +59,16 @@ def not_found(conversation_id: str) -> NotFound:
 
 
 def conversation_or_404(
-    conn: Connection, tenant_id: str, conversation_id: str, *, for_update: bool = False
+    conn: Connection,
+    tenant_id: str,
+    conversation_id: str,
+    *,
+    for_update: bool = False,
+    user: str | None = None,
 ) -> ConversationRecord:
+    """The tenant's conversation (of `user` only, when given), else a 404."""
     found = Conversations(conn).get(tenant_id, conversation_id, for_update=for_update)
-    if found is None:
+    if found is None or (user is not None and found.user_id != user):
         raise not_found(conversation_id)
     return found
 
@@ -96,13 +103,14 @@ async def list_conversations(
     user = request.query_params.get("user")
     if user is not None:
         user_param(user)
+    user = principal.only(user)
     limit = limit_param(request)
     after = request.query_params.get("after")
 
     def work(conn: Connection) -> list[ConversationRecord]:
         repo = Conversations(conn)
         cursor = repo.get(principal.tenant_id, after) if after else None
-        if after and cursor is None:
+        if after and (cursor is None or not principal.sees(cursor.user_id)):
             raise BadRequest(f"after: no conversation '{after}'.", param="after")
         return repo.list(principal.tenant_id, user, after=cursor, limit=limit + 1)
 
@@ -127,7 +135,7 @@ async def create_conversation(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body(), ("id", "user", "title", "messages"))
-    user = user_param(body.get("user"))
+    user = user_param(principal.only(body.get("user")))
     conversation_id = body.get("id")
     if conversation_id is not None and (
         not isinstance(conversation_id, str) or not CONVERSATION_ID.fullmatch(conversation_id)
@@ -179,7 +187,9 @@ async def get_conversation(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     found = await services.db.read(
-        lambda conn: conversation_or_404(conn, principal.tenant_id, conversation_id)
+        lambda conn: conversation_or_404(
+            conn, principal.tenant_id, conversation_id, user=principal.user
+        )
     )
     return json_response(conversation_object(found))
 
@@ -213,7 +223,9 @@ async def update_conversation(
         changes["meta"] = body["metadata"]
 
     def work(conn: Connection) -> ConversationRecord | None:
-        conversation_or_404(conn, principal.tenant_id, conversation_id, for_update=True)
+        conversation_or_404(
+            conn, principal.tenant_id, conversation_id, for_update=True, user=principal.user
+        )
         return Conversations(conn).update(
             principal.tenant_id, conversation_id, now=now(), **changes
         )
@@ -235,6 +247,10 @@ async def delete_conversation(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     def work(conn: Connection) -> bool:
+        if principal.user is not None:
+            conversation_or_404(
+                conn, principal.tenant_id, conversation_id, for_update=True, user=principal.user
+            )
         return Conversations(conn).delete(principal.tenant_id, conversation_id)
 
     if not await services.db.write(work):

@@ -248,6 +248,7 @@ async def export_user(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     user_id = user_param(user_in_path(user_id), "user_id", stored_before=True)
+    principal.only(user_id, "user_id")  # (403: a key or token bound to another user)
     await services.deferred.settle()  # (mode-off records written in batches)
     page = services.config.server.export_page_rows
     spool = await _spooled(services, principal.tenant_id, user_id, page)

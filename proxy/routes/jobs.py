@@ -56,6 +56,7 @@ async def list_jobs(
     user = params.get("user")
     if user is not None:
         user_param(user)
+    user = principal.only(user)
     subject = params.get("subject")
     after = params.get("after")
     after_pk = None if after is None else services.ids.parse(JOB, after)
@@ -88,7 +89,7 @@ async def get_job(
     if pk is None:
         raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param="job_id")
     found = await services.db.read(lambda conn: Jobs(conn).get(principal.tenant_id, pk))
-    if found is None:
+    if found is None or not principal.sees(found.user_id):
         raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found")
     return json_response(job_object(services.ids, found))
 

@@ -24,6 +24,7 @@ async def get_limits(
 ) -> Response[Any]:
     """Usage as this replica sees it: the shared totals of its last sync (`synced_at`) plus
     what it counted since; other replicas' newest requests may not be in it yet."""
+    principal.whole_tenant()  # (403 for a key or token bound to one user)
     view = services.limits.view(principal.tenant_id)
     return json_response(
         {

@@ -109,6 +109,7 @@ async def list_memories(
     user = params.get("user")
     if user is not None:
         user_param(user)
+    user = principal.only(user)
     limit = limit_param(request)
     pinned_param = params.get("pinned")
     if pinned_param not in (None, "true", "false"):
@@ -125,7 +126,7 @@ async def list_memories(
 
     def work(conn: Connection) -> list[MemoryRecord]:
         repo = Memories(conn)
-        after = repo.get(principal.tenant_id, after_id) if after_id else None
+        after = repo.get(principal.tenant_id, after_id, principal.user) if after_id else None
         if after_id and after is None:
             raise BadRequest(f"after: no memory '{after_id}'.", param="after")
         return repo.find(
@@ -148,7 +149,7 @@ async def create_memory(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body(), (*FIELDS, "user"))
-    user = user_param(body.get("user"))
+    user = user_param(principal.only(body.get("user")))
     fields = _fields(body, creating=True)
     memory_id = new_memory_id()
 
@@ -173,10 +174,11 @@ def queue_embedding(conn: Connection, services: AppState, memory: MemoryRecord) 
         queue_memories(conn, memory.tenant_id, memory.user_id, f"{memory.id}@{version}", now=now())
 
 
-def _owner(request: Request[Any, Any, Any]) -> str | None:
-    """`?user=`: when given, another user's memory is not found."""
+def _owner(request: Request[Any, Any, Any], principal: Principal) -> str | None:
+    """`?user=`, or the user the credentials are bound to: another user's memory is not
+    found (403 for bound credentials that name another)."""
     user = request.query_params.get("user")
-    return None if user is None else user_param(user)
+    return principal.only(None if user is None else user_param(user))
 
 
 @get(
@@ -190,7 +192,7 @@ async def get_memory(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user = _owner(request)
+    user = _owner(request, principal)
     found = await services.db.read(
         lambda conn: Memories(conn).get(principal.tenant_id, memory_id, user)
     )
@@ -210,7 +212,7 @@ async def update_memory(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user = _owner(request)
+    user = _owner(request, principal)
     fields = _fields(parse_json_object(await request.body(), FIELDS), creating=False)
     if not fields:
         raise BadRequest("Nothing to update: send text, kind, pinned or confidence.")
@@ -243,7 +245,7 @@ async def delete_memory(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user = _owner(request)
+    user = _owner(request, principal)
     deleted = await services.db.write(
         lambda conn: Memories(conn).delete(principal.tenant_id, memory_id, user)
     )

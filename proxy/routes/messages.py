@@ -60,7 +60,7 @@ async def list_messages(
     after = request.query_params.get("after")
 
     def work(conn: Connection) -> list[MessageRecord]:
-        found = conversation_or_404(conn, principal.tenant_id, conversation_id)
+        found = conversation_or_404(conn, principal.tenant_id, conversation_id, user=principal.user)
         repo = Conversations(conn)
         after_seq = 0
         if after:
@@ -98,7 +98,8 @@ async def append_messages(
     def work(conn: Connection) -> list[MessageRecord]:
         # As a turn: the user's share of the erasure lock before the conversation's row, so
         # an erasure of the user (which locks their rows, then deletes) never interleaves.
-        owner = conversation_or_404(conn, principal.tenant_id, conversation_id).user_id
+        tenant, user = principal.tenant_id, principal.user
+        owner = conversation_or_404(conn, tenant, conversation_id, user=user).user_id
         Erasures(conn).share(principal.tenant_id, owner)
         found = conversation_or_404(conn, principal.tenant_id, conversation_id, for_update=True)
         if found.user_id != owner:  # (deleted and its id given to another user's meanwhile)

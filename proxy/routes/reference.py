@@ -141,7 +141,20 @@ CHAT_HEADERS = [
     Parameter(
         name="X-Memory-User-Id",
         param_in="header",
-        description="The end user whose memory this is (else the body's `user`).",
+        description=(
+            "The end user whose memory this is (else the body's `user`), trusted as given in "
+            "header mode; a key bound to a user accepts only that user (else 403); refused "
+            "(400) in token mode. See the trust model in the docs."
+        ),
+        schema=_STRING,
+    ),
+    Parameter(
+        name="X-Memory-User-Token",
+        param_in="header",
+        description=(
+            "Token mode: a JWT signed by the application's backend whose `sub` is the user "
+            "(`exp` required); without a valid one the request is 401 `invalid_user_token`."
+        ),
         schema=_STRING,
     ),
     Parameter(

@@ -4,8 +4,9 @@ response, listing its input items, counting input tokens, cancelling and compact
 On an upstream that serves the Responses API itself (`responses: native`, the default for
 `openai`) each is passed through: the upstream keeps the responses. On one that memproxy
 translates to chat completions (`responses: translate`) they are answered from memproxy's own
-store (storage/repositories/responses.py), scoped by the tenant and, when the request names a
-user (`X-Memory-User-Id`), by the user: another tenant's or user's response, or one created
+store (storage/repositories/responses.py), scoped by the tenant and, when the request has a
+user (its key's or token's, or `X-Memory-User-Id`), by the user: another tenant's or user's
+response, or one created
 with `store: false`, is a 404 as an unknown id is. Cancelling and compacting need the
 upstream's own state and are a 400 there.
 
@@ -24,15 +25,11 @@ from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from policies.tokens import count_response_input
-from proxy.core.auth import Principal
+from proxy.core.auth import USER_HEADER, Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
-from proxy.core.requests import (
-    check_responses_request,
-    check_user_id,
-    header_text,
-    parse_json_object,
-)
+from proxy.core.requests import check_responses_request, check_user_id, parse_json_object
+from proxy.pipeline.identify import named_user as identify_user
 from proxy.protocols.responses.stored import deleted, input_item_list, item_list
 from proxy.protocols.responses.turn import create_response_turn, read_chain
 from proxy.routes.api_types import Deleted
@@ -44,7 +41,6 @@ from storage.errors import UnknownCursor
 from storage.records import ItemPage, ResponseRecord
 from storage.repositories.responses import Order, Responses
 
-USER_HEADER = "X-Memory-User-Id"
 ORDERS: dict[str, Order] = {"asc": "asc", "desc": "desc"}
 
 
@@ -88,9 +84,10 @@ def _path(request: Request[Any, Any, Any]) -> str:
     return str(request.scope["path"]).removeprefix("/v1")
 
 
-def named_user(request: Request[Any, Any, Any]) -> str | None:
-    """The user the request names (`X-Memory-User-Id`), whose responses alone it may see."""
-    user = header_text(request, USER_HEADER)
+def named_user(request: Request[Any, Any, Any], principal: Principal) -> str | None:
+    """The user whose responses alone the request may see: its key's or token's, else the one
+    `X-Memory-User-Id` names (proxy/pipeline/identify.py), else any of the tenant's."""
+    user = identify_user(request, principal)
     return None if user is None else check_user_id(user, USER_HEADER)
 
 
@@ -119,7 +116,7 @@ async def _forward_owned(
     """Passed through to a native upstream, for a response of the tenant (and of the user the
     request names) only: the tenants of one upstream share its key, and so its responses."""
     if response_id is not None:
-        user = named_user(request)
+        user = named_user(request, principal)
         await services.memory.settle(principal.tenant_id)  # (replies still on their way)
         owner = await services.db.read(
             lambda conn: Responses(conn).owner(principal.tenant_id, response_id)
@@ -160,7 +157,7 @@ async def get_response(
             "never run in the background. Retrieve it without stream.",
             param="stream",
         )
-    user = named_user(request)
+    user = named_user(request, principal)
 
     def work(conn: Connection) -> ResponseRecord | None:
         return Responses(conn).get(principal.tenant_id, response_id, user)
@@ -186,7 +183,7 @@ async def delete_response(
 ) -> Response[Any]:
     if _native(services, principal):
         return await _forward_owned(request, principal, services, response_id)
-    user = named_user(request)
+    user = named_user(request, principal)
 
     def work(conn: Connection) -> bool:
         return Responses(conn).delete(principal.tenant_id, response_id, user)
@@ -214,7 +211,7 @@ async def list_input_items(
 ) -> Response[Any]:
     if _native(services, principal):
         return await _forward_owned(request, principal, services, response_id)
-    user = named_user(request)
+    user = named_user(request, principal)
     limit = limit_param(request)
     order = ORDERS.get(request.query_params.get("order", "desc"))
     if order is None:
@@ -285,7 +282,7 @@ async def _earlier_items(
     if not isinstance(previous, str):
         raise BadRequest("'previous_response_id' must be a string.", param="previous_response_id")
     chain = await read_chain(
-        services, principal.tenant_id, named_user(request), previous, whole=True
+        services, principal.tenant_id, named_user(request, principal), previous, whole=True
     )
     items: list[Any] = []
     for stored in chain:

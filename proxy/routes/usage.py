@@ -108,7 +108,7 @@ async def get_exchange(
         found = await services.db.read(
             lambda conn: Exchanges(conn).get(principal.tenant_id, request_id)
         )
-    if found is None:
+    if found is None or not principal.sees(found.user_id):
         raise NotFound(f"No exchange found with id '{request_id}'.", code="exchange_not_found")
     return json_response(exchange_object(found))
 
@@ -165,6 +165,7 @@ async def get_usage(
     user = request.query_params.get("user")
     if user is not None:
         user_param(user)
+    user = principal.only(user)
     await services.deferred.settle()
     key = cast(GroupBy | None, group_by)
 

@@ -59,7 +59,9 @@ _FINISH = update(E).where(
     E.c.tenant_id == bindparam("w_tenant"), E.c.request_id == bindparam("w_request")
 )
 _BY_KEY = select(*_COLUMNS).where(
-    E.c.tenant_id == bindparam("w_tenant"), E.c.idempotency_key == bindparam("w_key")
+    E.c.tenant_id == bindparam("w_tenant"),
+    E.c.user_id == bindparam("w_user"),
+    E.c.idempotency_key == bindparam("w_key"),
 )
 
 
@@ -68,7 +70,8 @@ class Exchanges:
         self.conn = conn
 
     def start(self, exchange: NewExchange) -> None:
-        """Open the exchange; ConflictError if its request id or idempotency key is taken."""
+        """Open the exchange; ConflictError if its request id, or its user's idempotency key,
+        is taken."""
         try:
             self.conn.execute(_INSERT, {**exchange.row(), "status": "in_progress"})
         except IntegrityError as exc:
@@ -198,6 +201,8 @@ class Exchanges:
         )
         return delete_chosen(self.conn, E, tenant_id, oldest)
 
-    def by_idempotency_key(self, tenant_id: str, key: str) -> ExchangeRecord | None:
-        row = self.conn.execute(_BY_KEY, {"w_tenant": tenant_id, "w_key": key}).first()
+    def by_idempotency_key(self, tenant_id: str, user_id: str, key: str) -> ExchangeRecord | None:
+        """The user's exchange that `key` was first sent with: keys are each user's own."""
+        params = {"w_tenant": tenant_id, "w_user": user_id, "w_key": key}
+        row = self.conn.execute(_BY_KEY, params).first()
         return ExchangeRecord(**utc_row(row)) if row else None

@@ -101,6 +101,18 @@ class UserVectors:
         ).one()
         return int(row[0]), int(row[1])
 
+    def newest(self, tenant_id: str, user_id: str, model: str) -> int:
+        """The pk of the user's newest vector of `model`, or 0: one index seek, where `stats`
+        counts the whole range."""
+        v = self.table
+        return int(
+            self.conn.execute(
+                select(func.coalesce(func.max(v.c.pk), 0)).where(
+                    v.c.tenant_id == tenant_id, v.c.user_id == user_id, v.c.model == model
+                )
+            ).scalar_one()
+        )
+
     def count(self, tenant_id: str, user_id: str | None = None) -> int:
         v = self.table
         query = select(func.count()).where(v.c.tenant_id == tenant_id)

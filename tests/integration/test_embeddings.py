@@ -115,6 +115,20 @@ async def test_a_question_finds_what_it_means_with_embeddings_on(
     assert recall_section(fake.chat_requests[-1]) is None
 
 
+async def test_a_deleted_conversation_is_never_recalled_while_its_vectors_are_still_held(
+    seeded: httpx.AsyncClient, fake: FakeOpenAI
+) -> None:
+    # The first question loads alice's vectors into the index; the conversation is deleted
+    # right after, well within the time the index goes before counting them again, so the
+    # next search still compares its vectors: what it finds is read back, and nothing is.
+    await ask(seeded, QUESTION)
+    assert "beagle puppy" in (recall_section(fake.chat_requests[-1]) or "")
+    assert (await seeded.delete("/memory/conversations/pets")).status_code == 200
+    response = await ask(seeded, QUESTION)
+    assert recall_section(fake.chat_requests[-1]) is None
+    assert response.headers["x-memory-memories"] == "0"
+
+
 async def test_without_embeddings_the_same_question_finds_nothing(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI
 ) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jwt
 import yaml
 
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -118,3 +119,57 @@ def test_sighup_reloads_keys_tenants_and_limits_without_dropping_a_stream(
     assert "token_budget" in log  # the failed reload named the key
     assert "config_reload_needs_restart" in log and "database" in log
     assert not (tmp_path / "elsewhere.db").exists()
+
+
+def test_sighup_picks_up_key_bindings_and_identity_settings(tmp_path: Path) -> None:
+    """A key bound to a user, token mode turned on, its secret rotated and a key file that
+    does not load: each reload takes effect on the next request (or, the bad one, none)."""
+
+    def token(secret: str) -> str:
+        return jwt.encode({"sub": "alice", "exp": int(time.time()) + 600}, secret, "HS256")
+
+    def asks(user: str | None = None, token: str | None = None) -> int:
+        headers = {"authorization": f"Bearer {OLD}"}
+        if user is not None:
+            headers["X-Memory-User-Id"] = user
+        if token is not None:
+            headers["X-Memory-User-Token"] = token
+        url = replica.url + "/chat/completions"
+        return httpx.post(url, json=BODY, headers=headers, timeout=30).status_code
+
+    first, second = "first-signing-secret-" + "1" * 32, "second-signing-secret-" + "2" * 32
+    database = f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
+    with ServerThread(FakeOpenAI()) as upstream:
+        config = tmp_path / "config.yaml"
+
+        def write(t1: dict[str, Any]) -> None:
+            config.write_text(yaml.safe_dump(settings(database, upstream.url, {"t1": t1})))
+            replica.process.send_signal(signal.SIGHUP)
+
+        config.write_text(
+            yaml.safe_dump(
+                settings(database, upstream.url, {"t1": {"api_keys": [OLD], "upstream": "main"}})
+            )
+        )
+        replica = spawn("identities", config, tmp_path, log_level="info")
+        try:
+            wait_ready(replica)
+            assert asks("bob") == 200
+            write({"api_keys": [{"key": OLD, "user": "alice"}], "upstream": "main"})
+            until(lambda: asks("bob") == 403)
+            assert asks("alice") == 200
+            identity = {"mode": "token", "algorithms": ["HS256"], "secret": first}
+            write({"api_keys": [OLD], "upstream": "main", "identity": identity})
+            until(lambda: asks() == 401)
+            assert (asks(token=token(first)), asks("alice", token(first))) == (200, 400)
+            write(
+                {"api_keys": [OLD], "upstream": "main", "identity": {**identity, "secret": second}}
+            )
+            until(lambda: asks(token=token(first)) == 401)
+            assert asks(token=token(second)) == 200
+            missing = {"mode": "token", "algorithms": ["RS256"], "public_key_file": "nope.pem"}
+            write({"api_keys": [OLD], "upstream": "main", "identity": missing})
+            until(lambda: "nope.pem" in replica.log.read_text(errors="replace"))
+            assert asks(token=token(second)) == 200  # (as it was)
+        finally:
+            stop(replica)

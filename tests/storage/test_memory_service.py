@@ -240,7 +240,7 @@ async def test_idempotency_key_replay_stores_nothing_new(
 
     assert await stored(db, first.conversation_id) == [("user", "hi"), ("assistant", "hello")]
     assert await stored(db, "c1") == [("user", "q"), ("assistant", "a")]
-    original = await db.read(lambda conn: Exchanges(conn).by_idempotency_key("t1", "k1"))
+    original = await db.read(lambda conn: Exchanges(conn).by_idempotency_key("t1", "alice", "k1"))
     assert original is not None and original.request_id == first.request_id
     replayed = await exchange_of(db, replay)
     assert (replayed.status, replayed.conversation_id) == ("complete", first.conversation_id)
@@ -271,6 +271,22 @@ async def test_an_idempotency_key_reused_with_other_messages_is_refused_and_stor
     )
     older = await begin(memory, [user("something else")], idempotency_key="k1")
     assert (older.conversation_id, older.store_reply) == (first.conversation_id, False)
+
+
+async def test_idempotency_keys_are_each_users_own(
+    memory: ConversationMemory, db: Database
+) -> None:
+    """Another user's request under a key one user has used is a request of its own, stored
+    for its user (it was a 422, and a key a client derives from its request, the same for
+    every user, blocked all but the first user's)."""
+    alice = await exchange_turn(memory, [user("hi")], "hello", idempotency_key="k1")
+    bob = await exchange_turn(memory, [user("hi")], "hey", idempotency_key="k1", user_id="bob")
+    assert bob.conversation_id != alice.conversation_id
+    assert await stored(db, bob.conversation_id) == [("user", "hi"), ("assistant", "hey")]
+    # Each user's retry is still a retry of that user's own request.
+    for turn, who in ((alice, "alice"), (bob, "bob")):
+        retry = await begin(memory, [user("hi")], idempotency_key="k1", user_id=who)
+        assert (retry.conversation_id, retry.store_reply) == (turn.conversation_id, False)
 
 
 async def test_concurrent_requests_with_one_idempotency_key_store_the_turn_once(

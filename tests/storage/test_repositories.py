@@ -488,7 +488,7 @@ async def test_exchange_start_finish_get_and_idempotency_key(db: Database) -> No
 
     def read_back(conn: Connection) -> tuple[ExchangeRecord | None, ExchangeRecord | None]:
         done = Exchanges(conn).get("t1", "req_1")
-        by_key = Exchanges(conn).by_idempotency_key("t1", "key-1")
+        by_key = Exchanges(conn).by_idempotency_key("t1", "alice", "key-1")
         return done, by_key
 
     done, by_key = await db.read(read_back)
@@ -510,9 +510,10 @@ async def test_another_tenants_exchange_is_invisible(db: Database) -> None:
         exchanges = Exchanges(conn)
         assert exchanges.get("t2", "req_1") is None
         assert exchanges.get("t1", "req_2") is None
-        mine = exchanges.by_idempotency_key("t1", "key-1")
-        theirs = exchanges.by_idempotency_key("t2", "key-1")
-        assert exchanges.by_idempotency_key("t3", "key-1") is None
+        mine = exchanges.by_idempotency_key("t1", "alice", "key-1")
+        theirs = exchanges.by_idempotency_key("t2", "alice", "key-1")
+        assert exchanges.by_idempotency_key("t3", "alice", "key-1") is None
+        assert exchanges.by_idempotency_key("t1", "bob", "key-1") is None
         return mine, theirs
 
     mine, theirs = await db.read(read_back)
@@ -709,6 +710,38 @@ async def test_migration_0012_keeps_every_row_and_its_search_and_keys_are_never_
     assert await zebras(before_0017=True) == [kept.pk]
     await asyncio.to_thread(migrate.upgrade, database_url)
     assert await zebras() == [kept.pk]
+
+
+async def test_migration_0021_makes_idempotency_keys_each_users_own(database_url: str) -> None:
+    """Exchanges kept through the rebuild (SQLite), and afterwards another user of the tenant
+    may use a key one user has; the same user may not use it twice."""
+    await asyncio.to_thread(migrate.upgrade, database_url, "0020")
+    db = Database(database_url)
+    try:
+        await db.write(lambda c: Exchanges(c).start(exchange("req_1", idempotency_key="k")))
+        with pytest.raises(ConflictError):  # (as it was: one key per tenant)
+            await db.write(
+                lambda c: Exchanges(c).start(exchange("req_2", user="bob", idempotency_key="k"))
+            )
+    finally:
+        await db.dispose()
+    await asyncio.to_thread(migrate.upgrade, database_url)
+    db = Database(database_url)
+    try:
+        await db.write(
+            lambda c: Exchanges(c).start(exchange("req_2", user="bob", idempotency_key="k"))
+        )
+        with pytest.raises(ConflictError):
+            await db.write(lambda c: Exchanges(c).start(exchange("req_3", idempotency_key="k")))
+
+        def keys(conn: Connection) -> list[str | None]:
+            exchanges = Exchanges(conn)
+            found = [exchanges.by_idempotency_key("t1", u, "k") for u in ("alice", "bob")]
+            return [x.request_id if x else None for x in found]
+
+        assert await db.read(keys) == ["req_1", "req_2"]
+    finally:
+        await db.dispose()
 
 
 async def test_a_conversation_is_found_again_only_while_it_is_the_same_one(db: Database) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Connection, delete
 
 from policies.vectors import encode
-from proxy.background.vector_index import Nearest, VectorIndex
+from proxy.background.vector_index import VERIFY_SECONDS, Nearest, VectorIndex
 from storage.database import Database
 from storage.models import MESSAGES
 from storage.records import ConversationRecord
@@ -185,21 +185,41 @@ async def pk_of(db: Database, conv: ConversationRecord) -> int:
     return await db.read(work)
 
 
-async def test_a_deleted_message_never_comes_back(db: Database) -> None:
+async def delete_seq(db: Database, conv: ConversationRecord, seq: int) -> None:
+    await db.write(
+        lambda conn: conn.execute(
+            delete(MESSAGES).where(MESSAGES.c.conversation_pk == conv.pk, MESSAGES.c.seq == seq)
+        )
+    )
+
+
+async def test_a_deleted_message_leaves_the_kept_copy_when_it_is_next_counted(
+    db: Database,
+) -> None:
     conv = await new_conversation(
         db, "c1", [msg("user", "keep"), msg("assistant", "drop"), msg("user", "also keep")]
     )
     await embed_all(db, conv, [axis(0), axis(1), axis(2)])
-    index = VectorIndex()
+    clock = [0.0]
+    index = VectorIndex(clock=lambda: clock[0])
     assert {h.seq for h in await nearest(db, index, axis(1))} == {1, 2, 3}
     assert index.loads == 1
-    await db.write(
-        lambda conn: conn.execute(
-            delete(MESSAGES).where(MESSAGES.c.conversation_pk == conv.pk, MESSAGES.c.seq == 2)
-        )
-    )
-    # The vector went with its message (the foreign key), and the copy kept here notices.
+    await delete_seq(db, conv, 2)
+    # The vector went with its message (the foreign key). Until the kept copy is counted
+    # again it may still be compared (recall reads every hit back, so it is never used:
+    # tests/integration/test_embeddings.py); from then on it is gone.
+    clock[0] += VERIFY_SECONDS
     assert {h.seq for h in await nearest(db, index, axis(1))} == {1, 3}
+    assert index.loads == 2
+
+
+async def test_the_newest_vector_deleted_is_noticed_at_once(db: Database) -> None:
+    conv = await new_conversation(db, "c1", [msg("user", "keep"), msg("assistant", "drop")])
+    await embed_all(db, conv, [axis(0), axis(1)])
+    index = VectorIndex(clock=lambda: 0.0)  # never due to be counted again
+    assert {h.seq for h in await nearest(db, index, axis(1))} == {1, 2}
+    await delete_seq(db, conv, 2)
+    assert {h.seq for h in await nearest(db, index, axis(1))} == {1}
     assert index.loads == 2
 
 
@@ -231,7 +251,7 @@ async def test_erasing_a_user_or_deleting_a_conversation_removes_their_vectors(
     other = await new_conversation(db, "x1", [msg("user", "other tenant")], tenant="t2")
     for conv in (a1, a2, bob, other):
         await embed_all(db, conv, [axis(0), axis(1)])
-    index = VectorIndex()
+    index = VectorIndex(verify_seconds=0)  # counted on every search: what the database holds
     assert len(await nearest(db, index, axis(0))) == 3
 
     assert await db.write(lambda conn: Conversations(conn).delete("t1", "a1"))

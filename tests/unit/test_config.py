@@ -77,12 +77,13 @@ def test_keys_hashed_scoped_and_unique(tmp_path: Path) -> None:
         tmp_path,
         f"""
 tenants:
-  a: {{api_keys: ["sha256:{digest}", {{key: plain, scopes: [chat]}}]}}
+  a: {{api_keys: ["sha256:{digest}", {{key: plain, scopes: [chat]}}, {{key: ak, user: al}}]}}
 """,
     )
     keys = tenant_keys(load_config(path, environ={}))
-    assert keys[digest] == ("a", frozenset({"chat", "manage"}))
-    assert keys[hashlib.sha256(b"plain").hexdigest()] == ("a", frozenset({"chat"}))
+    assert keys[digest] == ("a", frozenset({"chat", "manage"}), None)
+    assert keys[hashlib.sha256(b"plain").hexdigest()] == ("a", frozenset({"chat"}), None)
+    assert keys[hashlib.sha256(b"ak").hexdigest()] == ("a", frozenset({"chat", "manage"}), "al")
     dup = write(tmp_path, "tenants:\n  a: {api_keys: [k]}\n  b: {api_keys: [k]}\n", "dup.yaml")
     with pytest.raises(
         ConfigError, match=r"tenants\.b\.api_keys\.0: key already belongs to tenant 'a'"
@@ -128,7 +129,7 @@ def test_an_upper_case_hashed_key_is_hashed(tmp_path: Path) -> None:
     digest = hashlib.sha256(b"secret").hexdigest()
     path = write(tmp_path, f'tenants:\n  a: {{api_keys: ["SHA256:{digest.upper()}"]}}\n')
     assert tenant_keys(load_config(path, environ={})) == {
-        digest: ("a", frozenset({"chat", "manage"}))
+        digest: ("a", frozenset({"chat", "manage"}), None)
     }
 
 
@@ -338,3 +339,43 @@ def test_native_responses_on_an_upstream_without_them_is_an_error_naming_the_key
     bad = write(tmp_path, "upstreams:\n  u: {kind: echo, responses: stateful}\n", "bad.yaml")
     with pytest.raises(ConfigError, match=r"^upstreams\.u\.responses: "):
         load_config(bad, environ={})
+
+
+SECRET = "s" * 32
+
+
+@pytest.mark.parametrize(
+    ("identity", "error"),
+    [
+        ("{mode: token, secret: " + SECRET + "}", r": .*needs algorithms"),
+        ("{mode: token, algorithms: [HS256]}", r"exactly one of secret, public_key_file"),
+        ("{mode: token, algorithms: [none], secret: " + SECRET + "}", r"algorithms\.0"),
+        ("{mode: token, algorithms: [RS256], secret: " + SECRET + "}", r"a secret signs HS"),
+        ("{mode: token, algorithms: [HS256, RS256], secret: " + SECRET + "}", r"HS\*"),
+        ("{mode: token, algorithms: [HS256], secret: short}", r"\.secret: .*32 characters$"),
+        ("{mode: token, algorithms: [RS256], public_key_file: nope.pem}", r"cannot read"),
+        ("{mode: header, secret: " + SECRET + "}", r"secret is a setting of mode: token"),
+        ("{mode: header, allow_anonymous: true}", r"allow_anonymous is a setting"),
+    ],
+)
+def test_an_identity_that_cannot_be_used_is_one_line_naming_it(
+    tmp_path: Path, identity: str, error: str
+) -> None:
+    path = write(tmp_path, f"tenants:\n  a: {{api_keys: [k], identity: {identity}}}\n")
+    with pytest.raises(ConfigError, match=rf"^tenants\.a\.identity.*{error}"):
+        load_config(path, environ={})
+
+
+def test_tenants_never_share_token_key_material(tmp_path: Path) -> None:
+    """A secret (or key file) two tenants share would let one's tokens act in the other."""
+    token = '{mode: token, algorithms: [HS256], secret: "${S}"}'
+    path = write(
+        tmp_path,
+        f"tenants:\n  a: {{api_keys: [k1], identity: {token}}}\n"
+        f"  b: {{api_keys: [k2], identity: {token}}}\n",
+    )
+    with pytest.raises(ConfigError, match=r"tenants\.b\.identity\.secret: the same as tenant 'a'"):
+        load_config(path, environ={"S": SECRET})
+    shared = write(tmp_path, f"defaults: {{identity: {token}}}\ntenants:\n  a: {{api_keys: [k]}}\n")
+    with pytest.raises(ConfigError, match=r"^defaults\.identity: set identity per tenant"):
+        load_config(shared, environ={"S": SECRET})

@@ -79,7 +79,7 @@ async def _chain(
     whole: bool,
 ) -> list[ResponseRecord]:
     """`read_chain` for the user the request names (as its turn will be stored for)."""
-    user = identify(request, user_fields(body)).user_id
+    user = identify(request, principal, user_fields(body)).user_id
     return await read_chain(services, principal.tenant_id, user, previous, whole=whole)
 
 

@@ -1,7 +1,7 @@
 """server secrets: the key of the public ids of numbered rows (messages, jobs)
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0022
+Revises: 0021
 Create Date: 2026-11-28 08:00:00.000000
 
 Message and job ids were their rows' keys (`msg_18`), counting up across all tenants; they are
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0021"
-down_revision: str | None = "0020"
+revision: str = "0022"
+down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,73 @@
+"""`tenants.<name>.identity`: where a tenant's users come from (docs/concepts/trust-model.md).
+
+Part of the configuration's models (`proxy.core.config`), kept apart for its length.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):  # (as proxy.core.config's)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# The algorithms a user token may be signed with ("none" is never one of them).
+HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+TokenAlgorithm = Literal[
+    "HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
+    "ES384", "ES512", "EdDSA",
+]  # fmt: skip
+
+
+class IdentityConfig(_Strict):
+    """Who a request may act as (docs/concepts/trust-model.md). `header`: the user the request names
+    (`X-Memory-User-Id`, else the body's), for a trusted backend that sets it. `token`: the
+    `sub` of a JWT in `X-Memory-User-Token`, signed with this tenant's own key material."""
+
+    mode: Literal["header", "token"] = "header"
+    algorithms: list[TokenAlgorithm] = []
+    # Exactly one, in token mode: an HMAC secret (HS*), or a public key (PEM) or a JWKS
+    # document (JSON), read from a file, for the others.
+    secret: str | None = Field(None, min_length=32)
+    public_key_file: str | None = Field(None, min_length=1)
+    jwks_file: str | None = Field(None, min_length=1)
+    audience: str | None = Field(None, min_length=1)
+    issuer: str | None = Field(None, min_length=1)
+    leeway_seconds: float = Field(30.0, ge=0, le=300)
+    # A request without a token acts as `anonymous` rather than being refused (401).
+    allow_anonymous: bool = False
+
+    @model_validator(mode="after")
+    def _complete(self) -> IdentityConfig:
+        material = [n for n in ("secret", "public_key_file", "jwks_file") if getattr(self, n)]
+        if self.mode == "header":
+            extra = (
+                material
+                + [n for n in ("audience", "issuer") if getattr(self, n) is not None]
+                + (["algorithms"] if self.algorithms else [])
+            )
+            if extra or self.allow_anonymous:
+                raise ValueError(
+                    f"{(extra or ['allow_anonymous'])[0]} is a setting of mode: token "
+                    "(mode is header)"
+                )
+            return self
+        if not self.algorithms:
+            raise ValueError("mode: token needs algorithms (e.g. [HS256] or [RS256])")
+        if len(material) != 1:
+            raise ValueError(
+                "mode: token needs exactly one of secret, public_key_file or jwks_file"
+            )
+        hmac = [a for a in self.algorithms if a in HMAC_ALGORITHMS]
+        if hmac and (len(hmac) != len(self.algorithms) or not self.secret):
+            # One key read as both an HMAC secret and a public key lets a public key sign.
+            raise ValueError(
+                "HS* algorithms go with a secret alone, the others with public_key_file or "
+                "jwks_file alone"
+            )
+        if not hmac and self.secret:
+            raise ValueError("a secret signs HS256, HS384 or HS512 tokens only")
+        return self
