@@ -93,7 +93,12 @@ def test_dot_segment_user_ids_are_refused_wherever_a_user_is_named(
     # A user named so before they were refused can still be erased (and exported), by a
     # client that keeps dot segments.
     conn = http.client.HTTPConnection(httpx.URL(str(client.base_url)).host, client.base_url.port)
-    conn.request("DELETE", f"/v1/memory/users/{user}", headers={"authorization": f"Bearer {KEY}"})
-    erased = conn.getresponse()
-    assert erased.status == 200, erased.read()
-    conn.close()
+    try:
+        conn.request(
+            "DELETE", f"/v1/memory/users/{user}", headers={"authorization": f"Bearer {KEY}"}
+        )
+        erased = conn.getresponse()
+        body = erased.read()
+    finally:
+        conn.close()
+    assert erased.status == 200, body
