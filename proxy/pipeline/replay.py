@@ -168,7 +168,9 @@ class SpillReplayer:
             texts.append(request.outcome.data["reply"])
         count = await TokenCounter(model).prepare(texts)
         work = partial(self.writes.apply, request, tenant, count, documents)
+        # In the tenant's own lane (storage/fair_slots.py): a tenant's large spill does not
+        # hold up the others' live turns.
         try:
-            return await self.db.write(work)
+            return await self.db.write(work, tenant=head.tenant_id)
         except ConflictError:  # a live request created the same conversation just now
-            return await self.db.write(work)
+            return await self.db.write(work, tenant=head.tenant_id)
