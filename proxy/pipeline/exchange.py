@@ -230,6 +230,7 @@ class TurnExchange:
             self.degraded,
             self.assembled.recalled,
             self.assembled.attachments,
+            unstored=self.loaded.unstored,
         )
 
     async def _count_prompt(self) -> int:
