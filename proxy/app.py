@@ -212,6 +212,7 @@ def create_app(
                     ),
                     wake_jobs=jobs.wake,
                     interval=server.spill_replay_seconds,
+                    heavy=state.heavy_turns,
                 )
                 current = parts
 

@@ -25,8 +25,9 @@ from proxy.pipeline.artifacts import chunked
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay_writes import ReplayWrites, Wanted
 from proxy.pipeline.spill_entries import SpilledRequest, grouped
-from proxy.pipeline.turn import IntentOf, TokenCounter
+from proxy.pipeline.turn import HEAVY_TURN_MESSAGES, HEAVY_TURNS_AT_ONCE, IntentOf, TokenCounter
 from storage.errors import ConflictError, StorageError, StorageUnavailable
+from storage.fair_slots import FairSlots
 
 log = structlog.get_logger("memproxy.spill")
 
@@ -51,6 +52,7 @@ class SpillReplayer:
         wanted: Callable[[str, str, str], Wanted],
         wake_jobs: Callable[[], None],
         interval: float,
+        heavy: FairSlots | None = None,
     ) -> None:
         """`intent_of(tenant)` classifies a replayed turn as a live one would be;
         `wanted(tenant, user, mode)` says what to queue after its reply."""
@@ -59,6 +61,8 @@ class SpillReplayer:
         self.writes = ReplayWrites(intent_of=intent_of, wanted=wanted)
         self.wake_jobs = wake_jobs
         self.interval = interval
+        # Large turns are counted and stored one at a time, live or replayed (proxy/state.py).
+        self.heavy = heavy or FairSlots(HEAVY_TURNS_AT_ONCE)
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()
         self._failures: dict[tuple[str, str], int] = {}
@@ -176,6 +180,13 @@ class SpillReplayer:
         return counts
 
     async def _replay(self, request: SpilledRequest) -> str:
+        turn = request.turn
+        if turn is not None and len(turn.data.get("messages", ())) >= HEAVY_TURN_MESSAGES:
+            async with self.heavy.slot(request.first.tenant_id):
+                return await self._replay_one(request)
+        return await self._replay_one(request)
+
+    async def _replay_one(self, request: SpilledRequest) -> str:
         head = request.first
         tenant = self.config.tenants.get(head.tenant_id)
         if tenant is None:
