@@ -75,6 +75,7 @@ EXPOSED_HEADERS = [
     "x-memory-memories",
     "x-memory-attachments",
     "x-memory-status",
+    "x-memory-stored",
     "x-memory-intent",
     *COST_HEADERS,
 ]

@@ -57,7 +57,11 @@ async def _spill(services: AppState) -> str:
     takes no write (full, read-only). Fail-open tenants are still answered then, their turns
     not kept (`x-memory-stored: false`) when the database fails too; a 503 here would take
     away the answers fail-open promises (docs/operations/database-away.md)."""
-    problem = await services.spill.probe()
+    try:
+        async with asyncio.timeout(services.memory.timeout):  # (a hung disk: bounded too)
+            problem = await services.spill.probe()
+    except TimeoutError:
+        problem = services.spill.unwritable = "its disk did not answer in time"
     services.metrics.spill_writable.set(0 if problem else 1)
     return f"unwritable: {problem}" if problem else "ok"
 
