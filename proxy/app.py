@@ -75,6 +75,7 @@ EXPOSED_HEADERS = [
     "x-memory-memories",
     "x-memory-attachments",
     "x-memory-status",
+    "x-memory-stored",
     "x-memory-intent",
     *COST_HEADERS,
 ]
@@ -212,6 +213,7 @@ def create_app(
                     ),
                     wake_jobs=jobs.wake,
                     interval=server.spill_replay_seconds,
+                    heavy=state.heavy_turns,
                 )
                 current = parts
 
