@@ -77,6 +77,7 @@ EXPOSED_HEADERS = [
     "x-memory-memories",
     "x-memory-attachments",
     "x-memory-status",
+    "x-memory-stored",
     "x-memory-intent",
     *COST_HEADERS,
 ]
@@ -218,6 +219,7 @@ def create_app(
                     ),
                     wake_jobs=jobs.wake,
                     interval=server.spill_replay_seconds,
+                    heavy=state.heavy_turns,
                 )
                 current = parts
 

@@ -28,6 +28,7 @@ from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import SpillReplayer
+from proxy.pipeline.turn import HEAVY_TURNS_AT_ONCE
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.http_shards import SHARDS, ShardedTransport
@@ -35,6 +36,7 @@ from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
 from proxy.upstream.resilient import ResilientUpstream
 from storage.database import Database
+from storage.fair_slots import FairSlots
 
 EXPORTS_AT_ONCE = 2
 
@@ -68,6 +70,9 @@ class AppState:
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     # User exports reading the database at once (each holds a connection while it reads).
     exports: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(EXPORTS_AT_ONCE))
+    # Storing a large turn (HEAVY_TURN_MESSAGES or more), one at a time, tenants taking turns
+    # (proxy/pipeline/exchange.py).
+    heavy_turns: FairSlots = field(default_factory=lambda: FairSlots(HEAVY_TURNS_AT_ONCE))
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def upstream_for(self, principal: Principal) -> Upstream:

@@ -110,6 +110,20 @@ class Metrics:
             "degraded without trying the database, but for one trial), else 0.",
             registry=r,
         )
+        self.not_stored = Counter(
+            "memproxy_memory_not_stored_requests",
+            "Chat completions of fail-open tenants answered although neither the database nor "
+            "the spill could keep their turn (x-memory-stored: false): nothing of them is kept.",
+            ["tenant"],
+            registry=r,
+        )
+        self.spill_writable = Gauge(
+            "memproxy_spill_writable",
+            "0 while the spill file cannot be written (a full or read-only disk: its last "
+            "append or /readyz's probe failed), else 1.",
+            registry=r,
+        )
+        self.spill_writable.set(1)
         self.spill_refused = Counter(
             "memproxy_spill_refused_requests",
             "Chat completions refused with 503 because storage failed and the spill was full.",

@@ -41,6 +41,10 @@ class _Strict(BaseModel):
 
 class ServerConfig(_Strict):
     max_body_bytes: int = Field(8_000_000, gt=0)
+    # Messages in one request (a chat completion's `messages`, a Responses `input` array, a
+    # management import), at most: each is a stored row, and a request of 200,000 tiny ones
+    # fits the body limit. More is a 413 naming this key.
+    max_request_messages: int = Field(10_000, ge=1)
     # A request body whose next part does not arrive within this long is answered 408 (as
     # nginx's client_body_timeout), rather than holding its connection for as long as it likes.
     body_timeout_seconds: float = Field(60.0, gt=0)

@@ -11,7 +11,7 @@ import msgspec
 from litestar import Request
 
 from proxy.core.access import request_info
-from proxy.core.errors import BadRequest
+from proxy.core.errors import BadRequest, PayloadTooLarge
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_INLINE = 20  # entries of a request's `attachments`
@@ -127,13 +127,13 @@ def check_user_id(value: Any, param: str = "user", *, stored_before: bool = Fals
     return value
 
 
-def check_chat_request(body: dict[str, Any]) -> None:
+def check_chat_request(body: dict[str, Any], max_messages: int) -> None:
     """The fields the proxy itself relies on; everything else is the upstream's to judge."""
     model = body.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > 256 or "\x00" in model:
         what = "missing" if model is None else "not a non-empty string of at most 256 characters"
         raise BadRequest(f"'model' is {what}.", param="model")
-    check_messages(body.get("messages"))
+    check_messages(body.get("messages"), max_messages=max_messages)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(f"'stream' is {_kind(stream)}, expected a boolean.", param="stream")
@@ -144,7 +144,7 @@ def check_chat_request(body: dict[str, Any]) -> None:
         )
 
 
-def check_responses_request(body: dict[str, Any]) -> None:
+def check_responses_request(body: dict[str, Any], max_messages: int) -> None:
     """The Responses API fields the proxy itself relies on (the items are checked as they are
     read); everything else is the upstream's to judge."""
     model = body.get("model")
@@ -155,6 +155,8 @@ def check_responses_request(body: dict[str, Any]) -> None:
     if value is None or value == [] or value == "":
         what = "missing" if value is None else "empty"
         raise BadRequest(f"'input' is {what}: memproxy needs the turn's input.", param="input")
+    if isinstance(value, list):
+        check_count(value, "input", max_messages)
     for key, kind, name in (
         ("stream", bool, "a boolean"),
         ("store", bool, "a boolean"),
@@ -188,9 +190,23 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def check_messages(messages: Any, param: str = "messages", *, imported: bool = False) -> None:
-    """A non-empty array of OpenAI chat messages whose stored fields have the right types.
-    Imported messages may also carry `created_at` (ISO 8601)."""
+def check_count(items: list[Any], param: str, max_messages: int) -> None:
+    """At most `server.max_request_messages` messages (or input items) in one request: each
+    becomes a stored row, and the body limit alone lets through hundreds of thousands."""
+    if len(items) > max_messages:
+        raise PayloadTooLarge(
+            f"'{param}' holds {len(items)} items; this server accepts at most {max_messages} "
+            "in one request (server.max_request_messages).",
+            param=param,
+            code="too_many_messages",
+        )
+
+
+def check_messages(
+    messages: Any, param: str = "messages", *, max_messages: int, imported: bool = False
+) -> None:
+    """A non-empty array of at most `max_messages` OpenAI chat messages whose stored fields
+    have the right types. Imported messages may also carry `created_at` (ISO 8601)."""
     if not isinstance(messages, list) or not messages:
         what = (
             "missing"
@@ -198,6 +214,7 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
             else ("empty" if messages == [] else f"{_kind(messages)}, expected an array")
         )
         raise BadRequest(f"'{param}' is {what}; it must be a non-empty array.", param=param)
+    check_count(messages, param, max_messages)
     for i, message in enumerate(messages):
         _check_message(message, f"{param}[{i}]", imported=imported)
 

@@ -92,7 +92,9 @@ async def append_messages(
 ) -> Response[Any]:
     body = parse_json_object(await request.body(), ("messages",))
     messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]
-    check_messages(messages, imported=True)
+    check_messages(
+        messages, imported=True, max_messages=services.config.server.max_request_messages
+    )
     count = await TokenCounter("").prepare(messages)
 
     def work(conn: Connection) -> list[MessageRecord]:
@@ -110,7 +112,7 @@ async def append_messages(
             principal.tenant_id, updated.pk, after_seq=found.next_seq - 1, limit=len(messages)
         )
 
-    rows = await services.db.write(work)
+    rows = await services.db.write(work, tenant=principal.tenant_id)
     services.jobs.wake()
     return json_response(
         page([message_object(services.ids, conversation_id, m) for m in rows], len(rows) or 1), 201

@@ -71,7 +71,7 @@ async def create_response(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
-    check_responses_request(body)
+    check_responses_request(body, services.config.server.max_request_messages)
     return await answer_turn_request(request, principal, services, body, create_response_turn)
 
 
