@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from policies.public_ids import PublicIds
 from proxy.accounting.catalog import ModelCatalog
 from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.costs import Pricer
@@ -59,6 +60,7 @@ class AppState:
     extractor: MemoryExtractor
     embeddings: Embeddings
     spill: SpillFile
+    ids: PublicIds  # the public ids of messages and jobs
     # Writes the spill to the database (set once the app has started).
     replayer: SpillReplayer | None = None
     # Cuts what waits on an upstream when a shutdown's grace is nearly over (the CLI starts it).

@@ -83,6 +83,14 @@ class Metrics:
         self.in_flight = Gauge(
             "memproxy_chat_in_flight", "Chat completions being answered now.", registry=r
         )
+        self.body_disconnects = Counter(
+            "memproxy_request_body_disconnects",
+            "Requests whose client closed the connection before the whole body arrived (the "
+            "access line's status 499, outcome client_disconnected), by tenant (empty: not "
+            "authenticated yet).",
+            ["tenant"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "memproxy_rate_limited_requests",
             "Requests refused by a tenant's limits, by limit.",

@@ -100,6 +100,33 @@ def header_value(headers: Mapping[str, str], name: str) -> str | None:
         raise BadRequest(f"The {name} header must be UTF-8.", param=name) from None
 
 
+MAX_USER_ID = 256  # characters, as OpenAI's `user`
+# Path segments every URL client rewrites (RFC 3986 section 5.2.4; "%2E" too, by the WHATWG URL
+# standard): a user so named could never be reached at /v1/memory/users/{user_id}.
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def check_user_id(value: Any, param: str = "user", *, stored_before: bool = False) -> str:
+    """A user id as every route takes it: a non-empty string of at most 256 characters, not
+    `.` or `..` (else a 400 naming `param`). `stored_before`: a route that only finds or
+    erases what is stored takes those two as well, for users named so before they were
+    refused (reachable by a client that keeps dot segments, e.g. `curl --path-as-is`)."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_USER_ID:
+        raise BadRequest(
+            f"'{param}' must be a non-empty string of at most {MAX_USER_ID} characters.",
+            param=param,
+        )
+    if "\x00" in value:
+        raise BadRequest(f"'{param}' must not contain the NUL character.", param=param)
+    if value in DOT_SEGMENTS and not stored_before:
+        raise BadRequest(
+            f"'{param}' cannot be '.' or '..': URL clients rewrite those path segments, so the "
+            "user's export and erasure could not be reached.",
+            param=param,
+        )
+    return value
+
+
 def check_chat_request(body: dict[str, Any], max_messages: int) -> None:
     """The fields the proxy itself relies on; everything else is the upstream's to judge."""
     model = body.get("model")
@@ -207,9 +234,10 @@ def _check_message(message: Any, where: str, *, imported: bool) -> None:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} is {_kind(message)}, expected an object.", param=where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # (an object or an array is unhashable)
+        shown = repr(role) if isinstance(role, str) else _kind(role)
         raise BadRequest(
-            f"{where}.role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
+            f"{where}.role is {shown}; expected one of {', '.join(sorted(ROLES))}.",
             param=f"{where}.role",
         )
     content = message.get("content")

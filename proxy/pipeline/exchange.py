@@ -17,6 +17,7 @@ from litestar import Request, Response
 from policies.pricing import ZERO
 from proxy.accounting.costs import count_prompt, nothing_billed
 from proxy.accounting.metrics import InFlight
+from proxy.core.access import CLIENT_CLOSED
 from proxy.core.auth import Principal
 from proxy.core.errors import ProxyError, RateLimited
 from proxy.core.requests import parse_inline
@@ -35,8 +36,6 @@ from proxy.protocols.relay import to_response
 from proxy.state import AppState
 
 log = structlog.get_logger("memproxy.pipeline")
-# The status an exchange is counted with when its client left before the answer (nginx's).
-CLIENT_CLOSED = 499
 
 
 class TurnExchange:

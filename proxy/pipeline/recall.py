@@ -17,6 +17,7 @@ from policies.context import Recalled
 from policies.dates import asked_period, favour_period
 from policies.fusion import hybrid_scores
 from policies.memories import rank_by_words_and_meaning, stem
+from policies.public_ids import MESSAGE, PublicIds
 from policies.recall import (
     WIDE_RADIUS,
     Excerpt,
@@ -49,10 +50,14 @@ class Recall:
         """Recalled turns and memories (what `x-memory-memories` counts)."""
         return sum(len(e.turns) for e in self.excerpts) + len(self.memories) + len(self.known)
 
-    def record(self) -> list[dict[str, object]]:
-        """What the exchange record says was recalled."""
+    def record(self, ids: PublicIds) -> list[dict[str, object]]:
+        """What the exchange record says was recalled (messages by their public ids)."""
         turns: list[dict[str, object]] = [
-            {"message": f"msg_{t.pk}", "conversation_id": t.conversation, "hit": t.pk in e.hits}
+            {
+                "message": ids.format(MESSAGE, t.pk),
+                "conversation_id": t.conversation,
+                "hit": t.pk in e.hits,
+            }
             for e in self.excerpts
             for t in e.turns
         ]

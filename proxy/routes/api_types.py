@@ -13,7 +13,15 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 Timestamp = Annotated[int, Meta(description="Unix seconds.")]
-UserId = Annotated[str, Meta(min_length=1, max_length=256, description="The end user.")]
+UserId = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=256,
+        pattern=r"^(?!\.\.?$)",
+        description="The end user (not `.` or `..`, which URL clients rewrite).",
+    ),
+]
 
 
 class ErrorObject(Struct, kw_only=True):

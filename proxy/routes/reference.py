@@ -97,8 +97,8 @@ QUERY: dict[str, Parameter] = {
     for p in (
         _query(
             "user",
-            "Only this end user's (1-256 characters).",
-            Schema(type=OpenAPIType.STRING, min_length=1, max_length=256),
+            "Only this end user's (1-256 characters, not `.` or `..`).",
+            Schema(type=OpenAPIType.STRING, min_length=1, max_length=256, pattern=r"^(?!\.\.?$)"),
         ),
         _query(
             "limit",
