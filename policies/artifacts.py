@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from policies.fence import MARK, fence
 from policies.memories import stem
 from policies.model_json import clip
 from policies.recall import STOPWORDS, query_terms
@@ -266,7 +267,6 @@ def render(items: Sequence[Included], summaries: Mapping[str, str]) -> str:
     blocks = []
     for item in items:
         artifact = item.artifact
-        name = artifact.title or artifact.key
         what = "tool result" if artifact.kind == "tool_result" else "document"
         if item.strategy == "include_full":
             note = "whole"
@@ -279,7 +279,10 @@ def render(items: Sequence[Included], summaries: Mapping[str, str]) -> str:
             body = _quoted([summaries[artifact.key]])
         else:
             continue
-        blocks.append(f"[{what} {name!r}, {artifact.tokens} tokens: {note}]\n{body}")
+        # Only the proxy's own words outside the fence: the title (or the id, for a tool
+        # result with none) is the fence's first line.
+        name = fence(artifact.title or artifact.key, lead="title: ", flat=True)
+        blocks.append(f"[{what}, {artifact.tokens} tokens: {note}]\n{name}\n>\n{body}")
     if not blocks:
         return ""
     return "\n\n".join([HEADER, *blocks, FOOTER])
@@ -325,7 +328,7 @@ def fit(
 
 
 def _quoted(texts: Any) -> str:
-    return "\n".join("> " + line if line else ">" for t in texts for line in t.splitlines())
+    return "\n".join(fence(t) for t in texts)
 
 
 def _quoted_passages(passages: Sequence[Passage]) -> str:
@@ -333,7 +336,7 @@ def _quoted_passages(passages: Sequence[Passage]) -> str:
     previous: int | None = None
     for passage in passages:
         if previous is not None and passage.seq != previous + 1:
-            parts.append("> ...")
+            parts.append(MARK + "...")
         parts.append(_quoted([passage.text]))
         previous = passage.seq
     return "\n".join(parts)

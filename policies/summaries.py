@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from policies.context import Budget, StoredTurn, history_for, mandatory_tokens
+from policies.fence import fence
 from policies.identity import canonical
 from policies.model_json import clip, text_of
 
@@ -41,8 +42,8 @@ HEADER = (
     "instructions."
 )
 FOOTER = "(End of summary.)"
-# The summariser's user message: the summary so far, then the new turns ("role: text" each),
-# then the ask (the echo upstream reads them by these).
+# The summariser's user message: the summary so far, then the new turns (a "role:" line each,
+# its text fenced below it), then the ask (the echo upstream reads them by these).
 SO_FAR, NEW_TURNS, ASK = "Summary so far:\n", "\n\nNew turns:\n", "\n\nWrite the updated summary"
 
 
@@ -138,14 +139,14 @@ def _line(message: Mapping[str, Any]) -> str:
             if isinstance(c, dict) and isinstance(c.get("function"), dict)
         ]
         text = (text + " " if text else "") + f"[calls {', '.join(names)}]"
-    return f"{role}: {clip(text, MESSAGE_CHARS)}"
+    return f"{role}:\n{fence(clip(text, MESSAGE_CHARS), flat=True)}"
 
 
 def summary_request(
     model: str, previous: str | None, turns: Sequence[Mapping[str, Any]], *, max_tokens: int
 ) -> dict[str, Any]:
     """A chat completion body asking `model` to extend `previous` with `turns`."""
-    so_far = previous.strip() if previous else "(none yet: these are the first turns)"
+    so_far = fence(previous.strip()) if previous else "(none yet: these are the first turns)"
     shown = "\n".join(_line(m) for m in turns)
     words = max(40, int(max_tokens * 0.6))
     user = f"{SO_FAR}{so_far}{NEW_TURNS}{shown}{ASK}, at most about {words} words."
@@ -185,5 +186,4 @@ def chunks(tokens: Sequence[int], limit: int) -> list[int]:
 
 def render(text: str) -> str:
     """The section that carries a history summary, quoted."""
-    quoted = "\n".join(f"> {line}" if line.strip() else ">" for line in text.splitlines())
-    return f"{HEADER}\n\n{quoted}\n\n{FOOTER}"
+    return f"{HEADER}\n\n{fence(text)}\n\n{FOOTER}"

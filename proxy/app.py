@@ -16,6 +16,7 @@ from litestar.di import Provide
 
 from policies.extraction import JOB_KIND as EXTRACTION
 from policies.jobs import RetryPolicy
+from policies.public_ids import PUBLIC_IDS, PublicIds
 from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
@@ -64,6 +65,7 @@ from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
 from storage import migrate
 from storage.database import Database
+from storage.repositories.system import SystemRepository
 
 log = structlog.get_logger("memproxy.app")
 
@@ -76,6 +78,7 @@ EXPOSED_HEADERS = [
     "x-memory-memories",
     "x-memory-attachments",
     "x-memory-status",
+    "x-memory-stored",
     "x-memory-intent",
     *COST_HEADERS,
 ]
@@ -160,6 +163,9 @@ def create_app(
             server.storage_breaker_threshold, server.storage_breaker_open_seconds
         )
         try:
+            ids = PublicIds(
+                bytes.fromhex(await db.read(lambda c: SystemRepository(c).secret(PUBLIC_IDS)))
+            )
             await limits.start()  # knows today's spend before the first request
             pricer, metrics = Pricer(price_book(config, catalog)), Metrics()
             metrics.storage_circuit_open.set_function(lambda: float(circuit.state() != "closed"))
@@ -198,6 +204,7 @@ def create_app(
                     embeddings=parts.embeddings,
                     vectors=parts.vectors,
                     spill=spill,
+                    ids=ids,
                     upstreams=parts.upstreams,
                 )
                 _register_jobs(jobs, parts)
@@ -213,6 +220,7 @@ def create_app(
                     ),
                     wake_jobs=jobs.wake,
                     interval=server.spill_replay_seconds,
+                    heavy=state.heavy_turns,
                 )
                 current = parts
 

@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
+    from proxy.core.slow_headers import bounded_headers
+
     configure_logging(args.log_level, args.log_format)
     if config.server.metrics_key is None and not _loopback(args.host):
         import structlog
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         app,
         host=args.host,
         port=args.port,
+        http=bounded_headers(config.server.header_timeout_seconds),
         access_log=False,  # memproxy writes its own structured access line
         log_config=None,  # uvicorn's records go through memproxy's handler (one format)
         log_level=args.log_level,

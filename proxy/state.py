@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from policies.public_ids import PublicIds
 from proxy.accounting.catalog import ModelCatalog
 from proxy.accounting.charges import MemoryCharges
 from proxy.accounting.costs import Pricer
@@ -27,6 +28,7 @@ from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import SpillReplayer
+from proxy.pipeline.turn import HEAVY_TURNS_AT_ONCE
 from proxy.upstream.anthropic import AnthropicUpstream
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
@@ -35,6 +37,7 @@ from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
 from proxy.upstream.resilient import ResilientUpstream
 from storage.database import Database
+from storage.fair_slots import FairSlots
 
 EXPORTS_AT_ONCE = 2
 
@@ -58,6 +61,7 @@ class AppState:
     extractor: MemoryExtractor
     embeddings: Embeddings
     spill: SpillFile
+    ids: PublicIds  # the public ids of messages and jobs
     # Writes the spill to the database (set once the app has started).
     replayer: SpillReplayer | None = None
     # Cuts what waits on an upstream when a shutdown's grace is nearly over (the CLI starts it).
@@ -67,6 +71,9 @@ class AppState:
     upstreams: dict[str, Upstream] = field(default_factory=dict)
     # User exports reading the database at once (each holds a connection while it reads).
     exports: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(EXPORTS_AT_ONCE))
+    # Storing a large turn (HEAVY_TURN_MESSAGES or more), one at a time, tenants taking turns
+    # (proxy/pipeline/exchange.py).
+    heavy_turns: FairSlots = field(default_factory=lambda: FairSlots(HEAVY_TURNS_AT_ONCE))
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def upstream_for(self, principal: Principal) -> Upstream:

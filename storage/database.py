@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from storage.errors import ConflictError, StorageError, StorageUnavailable
+from storage.fair_slots import FairSlots
 
 T = TypeVar("T")
 Work = Callable[[Connection], T]
@@ -89,21 +90,42 @@ class Database:
             event.listen(self._sync, "connect", _sqlite_on_connect)
             self._connections = _ThreadConnections(self._sync)
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="sqlite-writer")
+            self.write_slots = FairSlots(1)
             self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="sqlite-reader")
         else:
             self._async = create_async_engine(
                 url, echo=echo, pool_size=pool_size, max_overflow=max_overflow
             )
+            self.write_slots = FairSlots(pool_size)
             event.listen(self._async.sync_engine, "checkin", _postgres_checked_in)
             event.listen(self._async.sync_engine, "checkout", _postgres_checked_out)
 
-    async def write(self, work: Work[T]) -> T:
-        """Run `work` in one transaction: committed when it returns, rolled back if it raises."""
+    async def write(self, work: Work[T], *, tenant: str | None = None) -> T:
+        """Run `work` in one transaction: committed when it returns, rolled back if it raises.
+        Writes wait for a slot in `tenant`'s lane (storage/fair_slots.py): one tenant's many
+        writes do not hold up the others'."""
         if self.is_sqlite:
-            return await self._in_thread(self._writer, "BEGIN IMMEDIATE", work)
-        with _translated():
-            async with self._async.begin() as conn:
-                return await conn.run_sync(work)
+            await self.write_slots.acquire(tenant)
+            loop = asyncio.get_running_loop()
+            try:
+                unit = partial(self._sqlite_unit, "BEGIN IMMEDIATE", work)
+                future = loop.run_in_executor(self._writer, unit)
+            except BaseException:
+                self.write_slots.release()
+                raise
+            # The slot is the writer thread's: held until the unit ends there, even when the
+            # caller stops waiting (a timeout), so the next write is not queued behind it.
+            future.add_done_callback(self._unit_ended)
+            return await asyncio.shield(future)
+        async with self.write_slots.slot(tenant):
+            with _translated():
+                async with self._async.begin() as conn:
+                    return await conn.run_sync(work)
+
+    def _unit_ended(self, future: asyncio.Future[Any]) -> None:
+        self.write_slots.release()
+        if not future.cancelled():
+            future.exception()  # (retrieved: a caller that stopped waiting never will)
 
     async def read(self, work: Work[T]) -> T:
         """Run `work` against one consistent snapshot; it must not write."""

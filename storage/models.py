@@ -447,6 +447,17 @@ class StoredResponse(Base):
     )
 
 
+class ServerSecret(Base):
+    """The deployment's own secrets, the same for every replica: `public_ids`, the key of the
+    permutation that gives numbered rows their public ids (policies/public_ids.py). Made by
+    migration 0022; not tenant data."""
+
+    __tablename__ = "server_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+
+
 # Core handles on the tables, for the repositories' SQL expressions.
 CONVERSATIONS = cast(Table, Conversation.__table__)
 MESSAGES = cast(Table, Message.__table__)
@@ -462,3 +473,4 @@ MEMORY_VECTORS = cast(Table, MemoryVector.__table__)
 CHUNK_VECTORS = cast(Table, ChunkVector.__table__)
 ERASURES = cast(Table, Erasure.__table__)
 RESPONSES = cast(Table, StoredResponse.__table__)
+SERVER_SECRETS = cast(Table, ServerSecret.__table__)

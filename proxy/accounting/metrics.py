@@ -83,6 +83,14 @@ class Metrics:
         self.in_flight = Gauge(
             "memproxy_chat_in_flight", "Chat completions being answered now.", registry=r
         )
+        self.body_disconnects = Counter(
+            "memproxy_request_body_disconnects",
+            "Requests whose client closed the connection before the whole body arrived (the "
+            "access line's status 499, outcome client_disconnected), by tenant (empty: not "
+            "authenticated yet).",
+            ["tenant"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "memproxy_rate_limited_requests",
             "Requests refused by a tenant's limits, by limit.",
@@ -102,6 +110,20 @@ class Metrics:
             "degraded without trying the database, but for one trial), else 0.",
             registry=r,
         )
+        self.not_stored = Counter(
+            "memproxy_memory_not_stored_requests",
+            "Chat completions of fail-open tenants answered although neither the database nor "
+            "the spill could keep their turn (x-memory-stored: false): nothing of them is kept.",
+            ["tenant"],
+            registry=r,
+        )
+        self.spill_writable = Gauge(
+            "memproxy_spill_writable",
+            "0 while the spill file cannot be written (a full or read-only disk: its last "
+            "append or /readyz's probe failed), else 1.",
+            registry=r,
+        )
+        self.spill_writable.set(1)
         self.spill_refused = Counter(
             "memproxy_spill_refused_requests",
             "Chat completions refused with 503 because storage failed and the spill was full.",

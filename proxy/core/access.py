@@ -23,6 +23,9 @@ _STATE_KEY = "memproxy"
 # Polled by orchestrators and scrapers every few seconds: their successful answers are logged
 # at debug, so they do not drown the requests (a failing probe stays at info).
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+# The status of a request whose client left before its answer (nginx's 499): the access line
+# and the metrics say so, not the server's 5xx.
+CLIENT_CLOSED = 499
 
 
 @dataclass(slots=True)
@@ -56,7 +59,9 @@ class RequestInfo:
     def failed(self, status: int, code: str | None, *, upstream: bool = False) -> None:
         """An error response: what the access line says of it."""
         self.code = code
-        if upstream:
+        if status == CLIENT_CLOSED:
+            self.outcome = "client_disconnected"
+        elif upstream:
             self.outcome = "upstream_error"
         elif status >= 500:
             self.outcome = "error"

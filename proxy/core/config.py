@@ -41,9 +41,16 @@ class _Strict(BaseModel):
 
 class ServerConfig(_Strict):
     max_body_bytes: int = Field(8_000_000, gt=0)
+    # Messages in one request (a chat completion's `messages`, a Responses `input` array, a
+    # management import), at most: each is a stored row, and a request of 200,000 tiny ones
+    # fits the body limit. More is a 413 naming this key.
+    max_request_messages: int = Field(10_000, ge=1)
     # A request body whose next part does not arrive within this long is answered 408 (as
     # nginx's client_body_timeout), rather than holding its connection for as long as it likes.
     body_timeout_seconds: float = Field(60.0, gt=0)
+    # A request whose headers are not whole within this long has its connection closed (408),
+    # as nginx's client_header_timeout (`memproxy serve`: proxy/core/slow_headers.py).
+    header_timeout_seconds: float = Field(10.0, gt=0)
     cors_origins: list[str] = []
     # How often each replica writes its limit counts and reads the shared totals (see limits).
     limits_sync_seconds: float = Field(1.0, gt=0)

@@ -5,11 +5,13 @@
     ├── AuthenticationFailed        401 invalid_api_key
     ├── PermissionDenied            403 insufficient_scope
     ├── NotFound                    404
+    ├── RequestTimeout              408 (a request body that stopped arriving)
     ├── Conflict                    409
     ├── PayloadTooLarge             413
     ├── UnsupportedMediaType        415 (e.g. an attachment of a kind the proxy cannot read)
     ├── Unprocessable               422 (e.g. an Idempotency-Key reused for another request)
     ├── RateLimited                 429, with retry-after
+    ├── ClientDisconnected          499 (nginx's): the client left before its body was whole
     ├── ServiceUnavailable          503
     └── UpstreamError               the upstream failed us
         ├── UpstreamUnreachable     502 (connect failure, connection dropped)
@@ -83,6 +85,13 @@ class Conflict(ProxyError):
 
 class RequestTimeout(ProxyError):
     status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
+class ClientDisconnected(ProxyError):
+    """The client closed its connection before the whole request body arrived: nothing to
+    answer (the response goes nowhere), and not the server's error."""
+
+    status, type, code = 499, "invalid_request_error", "client_disconnected"
 
 
 class PayloadTooLarge(ProxyError):
@@ -166,6 +175,19 @@ def handle_proxy_error(request: Request[Any, Any, Any], exc: ProxyError) -> Resp
     return json_response(exc.body(), exc.status, exc.headers)
 
 
+def handle_client_disconnect(
+    request: Request[Any, Any, Any], exc: ClientDisconnected
+) -> Response[Any]:
+    """Counted (`memproxy_request_body_disconnects`) and logged as the client's leaving; the
+    response is sent to no one."""
+    info = request_info(request.scope)
+    info.failed(exc.status, exc.code)
+    state = getattr(request.app.state, "memproxy", None)
+    if state is not None:
+        state.metrics.body_disconnects.labels(info.tenant or "").inc()
+    return json_response(exc.body(), exc.status)
+
+
 def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     type_, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
     message = exc.detail
@@ -204,6 +226,7 @@ def handle_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> 
 
 
 EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    ClientDisconnected: handle_client_disconnect,
     ProxyError: handle_proxy_error,
     StorageError: handle_storage_error,
     HTTPException: handle_http_exception,

@@ -11,7 +11,7 @@ import msgspec
 from litestar import Request
 
 from proxy.core.access import request_info
-from proxy.core.errors import BadRequest
+from proxy.core.errors import BadRequest, PayloadTooLarge
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 MAX_INLINE = 20  # entries of a request's `attachments`
@@ -100,13 +100,40 @@ def header_value(headers: Mapping[str, str], name: str) -> str | None:
         raise BadRequest(f"The {name} header must be UTF-8.", param=name) from None
 
 
-def check_chat_request(body: dict[str, Any]) -> None:
+MAX_USER_ID = 256  # characters, as OpenAI's `user`
+# Path segments every URL client rewrites (RFC 3986 section 5.2.4; "%2E" too, by the WHATWG URL
+# standard): a user so named could never be reached at /v1/memory/users/{user_id}.
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def check_user_id(value: Any, param: str = "user", *, stored_before: bool = False) -> str:
+    """A user id as every route takes it: a non-empty string of at most 256 characters, not
+    `.` or `..` (else a 400 naming `param`). `stored_before`: a route that only finds or
+    erases what is stored takes those two as well, for users named so before they were
+    refused (reachable by a client that keeps dot segments, e.g. `curl --path-as-is`)."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_USER_ID:
+        raise BadRequest(
+            f"'{param}' must be a non-empty string of at most {MAX_USER_ID} characters.",
+            param=param,
+        )
+    if "\x00" in value:
+        raise BadRequest(f"'{param}' must not contain the NUL character.", param=param)
+    if value in DOT_SEGMENTS and not stored_before:
+        raise BadRequest(
+            f"'{param}' cannot be '.' or '..': URL clients rewrite those path segments, so the "
+            "user's export and erasure could not be reached.",
+            param=param,
+        )
+    return value
+
+
+def check_chat_request(body: dict[str, Any], max_messages: int) -> None:
     """The fields the proxy itself relies on; everything else is the upstream's to judge."""
     model = body.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > 256 or "\x00" in model:
         what = "missing" if model is None else "not a non-empty string of at most 256 characters"
         raise BadRequest(f"'model' is {what}.", param="model")
-    check_messages(body.get("messages"))
+    check_messages(body.get("messages"), max_messages=max_messages)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest(f"'stream' is {_kind(stream)}, expected a boolean.", param="stream")
@@ -117,7 +144,7 @@ def check_chat_request(body: dict[str, Any]) -> None:
         )
 
 
-def check_responses_request(body: dict[str, Any]) -> None:
+def check_responses_request(body: dict[str, Any], max_messages: int) -> None:
     """The Responses API fields the proxy itself relies on (the items are checked as they are
     read); everything else is the upstream's to judge."""
     model = body.get("model")
@@ -128,6 +155,8 @@ def check_responses_request(body: dict[str, Any]) -> None:
     if value is None or value == [] or value == "":
         what = "missing" if value is None else "empty"
         raise BadRequest(f"'input' is {what}: memproxy needs the turn's input.", param="input")
+    if isinstance(value, list):
+        check_count(value, "input", max_messages)
     for key, kind, name in (
         ("stream", bool, "a boolean"),
         ("store", bool, "a boolean"),
@@ -161,9 +190,23 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def check_messages(messages: Any, param: str = "messages", *, imported: bool = False) -> None:
-    """A non-empty array of OpenAI chat messages whose stored fields have the right types.
-    Imported messages may also carry `created_at` (ISO 8601)."""
+def check_count(items: list[Any], param: str, max_messages: int) -> None:
+    """At most `server.max_request_messages` messages (or input items) in one request: each
+    becomes a stored row, and the body limit alone lets through hundreds of thousands."""
+    if len(items) > max_messages:
+        raise PayloadTooLarge(
+            f"'{param}' holds {len(items)} items; this server accepts at most {max_messages} "
+            "in one request (server.max_request_messages).",
+            param=param,
+            code="too_many_messages",
+        )
+
+
+def check_messages(
+    messages: Any, param: str = "messages", *, max_messages: int, imported: bool = False
+) -> None:
+    """A non-empty array of at most `max_messages` OpenAI chat messages whose stored fields
+    have the right types. Imported messages may also carry `created_at` (ISO 8601)."""
     if not isinstance(messages, list) or not messages:
         what = (
             "missing"
@@ -171,6 +214,7 @@ def check_messages(messages: Any, param: str = "messages", *, imported: bool = F
             else ("empty" if messages == [] else f"{_kind(messages)}, expected an array")
         )
         raise BadRequest(f"'{param}' is {what}; it must be a non-empty array.", param=param)
+    check_count(messages, param, max_messages)
     for i, message in enumerate(messages):
         _check_message(message, f"{param}[{i}]", imported=imported)
 
@@ -190,9 +234,10 @@ def _check_message(message: Any, where: str, *, imported: bool) -> None:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} is {_kind(message)}, expected an object.", param=where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # (an object or an array is unhashable)
+        shown = repr(role) if isinstance(role, str) else _kind(role)
         raise BadRequest(
-            f"{where}.role is {role!r}; expected one of {', '.join(sorted(ROLES))}.",
+            f"{where}.role is {shown}; expected one of {', '.join(sorted(ROLES))}.",
             param=f"{where}.role",
         )
     content = message.get("content")

@@ -2,6 +2,13 @@
 closed, instead of holding them and the handler for as long as the client likes: the ASGI
 server waits for a body without a limit of its own. The limit is on each wait for the next
 part (nginx's client_body_timeout), so a large body sent slowly but steadily is read whole.
+
+A client that closes its connection before its body is whole raises `ClientDisconnected`
+(499, as nginx logs it), where Litestar would raise a 500 of its own: the access line and the
+metrics say the client left, not that the server failed.
+
+(The request's headers are read before the app is called: their time limit is the server's,
+proxy/core/slow_headers.py.)
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import asyncio
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, ReceiveMessage, Scope, Send
 
-from proxy.core.errors import RequestTimeout
+from proxy.core.errors import ClientDisconnected, RequestTimeout
 
 CLOSE = {"connection": "close"}
 
@@ -39,6 +46,8 @@ def limit_body_waits(app: ASGIApp, seconds: float) -> ASGIApp:
                     f"The request body stopped arriving: nothing more of it for {seconds:g} s.",
                     headers=CLOSE,  # (else the server would keep waiting for the rest)
                 ) from None
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected("The client closed the connection before the whole body.")
             reading = message["type"] == "http.request" and message.get("more_body", False)
             return message
 

@@ -20,6 +20,7 @@ import jwt
 from proxy.core.config import ConfigError
 from proxy.core.config_identity import IdentityConfig
 from proxy.core.errors import AuthenticationFailed
+from proxy.core.requests import DOT_SEGMENTS
 
 REQUIRED_CLAIMS = ("exp", "sub")
 
@@ -124,4 +125,6 @@ def check_subject(sub: Any) -> str:
         raise InvalidUserToken(
             "The user token's 'sub' must be a non-empty string of at most 256 characters."
         )
+    if sub in DOT_SEGMENTS:  # (as every user id: URL clients rewrite those path segments)
+        raise InvalidUserToken("The user token's 'sub' cannot be '.' or '..'.")
     return sub

@@ -112,10 +112,19 @@ class SpillFile:
         # on it here, not in a worker thread blocked on the file lock (erasures enough to
         # fill the default executor would leave the round no thread to close with).
         self._round = asyncio.Lock()
+        # Why the last append (or probe) failed, None when it worked: a full or read-only
+        # disk (/readyz and /metrics report it).
+        self.unwritable: str | None = None
 
     async def add(self, entry: Spilled, *, bounded: bool) -> None:
-        """Append and fsync `entry`. `bounded` (a new turn): SpillFull when it would not fit."""
-        await asyncio.to_thread(self._add, entry, bounded)
+        """Append and fsync `entry`. `bounded` (a new turn): SpillFull when it would not fit.
+        OSError when the file cannot be written."""
+        try:
+            await asyncio.to_thread(self._add, entry, bounded)
+        except OSError as exc:
+            self.unwritable = _why(exc)
+            raise
+        self.unwritable = None
         self._added += 1
         if entry.holds_user:
             self._users[(entry.tenant_id, entry.user_id)] = self._added
@@ -129,6 +138,28 @@ class SpillFile:
             if not _ends_a_line(self.path):  # an append cut short (a crash, a full disk)
                 line = b"\n" + line  # ends that fragment, which is then set aside alone
             _append(self.path, line)
+
+    async def probe(self) -> str | None:
+        """Whether the spill's directory takes a write now (a byte written, fsynced and
+        removed beside the file): None when it does, else why not."""
+        try:
+            await asyncio.to_thread(self._probe)
+        except OSError as exc:
+            self.unwritable = _why(exc)
+        else:
+            self.unwritable = None
+        return self.unwritable
+
+    def _probe(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        probe = self.path.with_name(self.path.name + ".probe")
+        created = not probe.is_symlink() and not probe.exists()  # (removed only if so)
+        try:
+            _write_synced(probe, b"\n", os.O_TRUNC)
+        finally:
+            if created:
+                with contextlib.suppress(FileNotFoundError):
+                    probe.unlink()
 
     def holds(self, tenant_id: str, user_id: str) -> bool:
         """Whether entries of this user that order their next turn (`Spilled.holds_user`),
@@ -274,7 +305,9 @@ class SpillRound:
 
         def close() -> None:
             try:
-                if left:
+                if len(left) == len(self.entries):
+                    pass  # nothing done: the file holds them as they are
+                elif left:
                     _rewrite(self.spill.replaying, b"".join(e.line() for e in left))
                 else:
                     with contextlib.suppress(FileNotFoundError):
@@ -288,6 +321,13 @@ class SpillRound:
             self.spill._round.release()
         gone = {id(e) for e in left}
         self.spill._settled([e for e in self.entries if id(e) not in gone], left, self.added)
+
+
+def _why(exc: OSError) -> str:
+    """An OSError in a few words, without the path (`[Errno 28] No space left on device`)."""
+    if exc.errno is not None and exc.strerror:
+        return f"[Errno {exc.errno}] {exc.strerror}"
+    return str(exc)[:200]
 
 
 def _of(line: bytes, tenant_id: str, user_id: str) -> bool:

@@ -191,7 +191,8 @@ def artifacts_of(sources: Sources, in_prompt_calls: set[str]) -> list[Artifact]:
         for a in sources.stored
     ]
     for message in sources.tools:
-        call = message.tool_call_id or f"msg_{message.pk}"
+        # (without a call id, by its place in the conversation: its key would count all rows)
+        call = message.tool_call_id or f"message_{message.seq}"
         if call in in_prompt_calls:
             continue  # the prompt holds it already
         content = text_of(message.content)

@@ -94,7 +94,7 @@ class FocusedSummaries:
         text = None
         try:
             if use_cache:
-                text = await self.memory.in_time(self.db.write(cached))
+                text = await self.memory.in_time(self.db.write(cached, tenant=tenant_id))
         except StorageError as exc:  # the cache is an addition: make the summary anyway
             log.warning("summary_cache_unavailable", tenant=tenant_id, error=str(exc))
             use_cache = False  # (nor wait again to store it)
@@ -140,7 +140,7 @@ class FocusedSummaries:
 
         try:
             if use_cache:
-                await self.memory.in_time(self.db.write(cache))
+                await self.memory.in_time(self.db.write(cache, tenant=tenant_id))
         except StorageError as exc:  # used now, made again next time
             log.warning("summary_not_cached", tenant=tenant_id, error=str(exc))
         return Summary("miss", text)

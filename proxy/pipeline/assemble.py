@@ -22,6 +22,7 @@ from policies.context import (
     history_for,
     mandatory_tokens,
 )
+from policies.public_ids import PublicIds
 from policies.tokens import count_message, count_messages, upper_bound_tokens
 from proxy.background.embeddings import Vector
 from proxy.pipeline.artifacts import NOTHING_ATTACHED, Attached
@@ -64,7 +65,7 @@ async def assemble_turn(
     turn, tenant, messages = loaded.turn, req.principal.tenant, req.turn.messages
     if turn is not None and turn.pending is not None and not loaded.inline:
         # Mode off, with no documents of its own: nothing to attach or to work out.
-        return Assembled(None, attached_record(None, NOTHING, by_policy))
+        return Assembled(None, attached_record(req.services.ids, None, NOTHING, by_policy))
     ctx = tenant.context
     window = req.services.context_window(req.turn.model)
     budget = Budget(
@@ -129,7 +130,9 @@ async def assemble_turn(
     shown = found if sent else NOTHING
     if shown.memory_pks and turn is not None:
         _count_memory_use(req, turn, shown.memory_pks)
-    record = attached_record(assembly, shown, by_policy, recalled.ms if recalled else None)
+    record = attached_record(
+        req.services.ids, assembly, shown, by_policy, recalled.ms if recalled else None
+    )
     if recalled and recalled.failed:
         record["recall_storage"] = "unavailable"
     if (summary := summarized.recorded(assembly)) is not None:
@@ -146,6 +149,7 @@ async def assemble_turn(
 
 
 def attached_record(
+    ids: PublicIds,
     assembly: Assembly | None,
     recalled: Recall,
     by_policy: dict[str, Any] | None,
@@ -156,7 +160,7 @@ def attached_record(
         "history_messages": assembly.history_messages if assembly else 0,
         "context_tokens": assembly.context_tokens if assembly else 0,
         "dropped_for_window": assembly.dropped_for_window if assembly else 0,
-        "recalled": recalled.record(),
+        "recalled": recalled.record(ids),
         "recall_ms": recall_ms,
     }
     if by_policy is not None:

@@ -17,6 +17,7 @@ from litestar import Request, Response
 from policies.pricing import ZERO
 from proxy.accounting.costs import count_prompt, nothing_billed
 from proxy.accounting.metrics import InFlight
+from proxy.core.access import CLIENT_CLOSED
 from proxy.core.auth import Principal
 from proxy.core.errors import ProxyError, RateLimited
 from proxy.core.requests import parse_inline
@@ -29,14 +30,12 @@ from proxy.pipeline.identify import TurnRequest
 from proxy.pipeline.load import Loaded, load
 from proxy.pipeline.observe import StreamEnd, StreamWatch, stream_outcome, whole_outcome
 from proxy.pipeline.recall_turn import embed_question
-from proxy.pipeline.turn import Outcome
+from proxy.pipeline.turn import HEAVY_TURN_MESSAGES, Outcome
 from proxy.pipeline.wire import NeutralTurn, WireProtocol
 from proxy.protocols.relay import to_response
 from proxy.state import AppState
 
 log = structlog.get_logger("memproxy.pipeline")
-# The status an exchange is counted with when its client left before the answer (nginx's).
-CLIENT_CLOSED = 499
 
 
 class TurnExchange:
@@ -173,7 +172,13 @@ class TurnExchange:
         """Store the turn (per the memory mode), classify it and assemble what it gets."""
         req = self.req
         self.ledger.question = embed_question(req)
-        self.loaded = await load(req, self.inline)
+        if len(req.turn.messages) >= HEAVY_TURN_MESSAGES:
+            # (waited for outside the storage timeout: a large turn waits its turn, and is
+            # not degraded for it)
+            async with self.services.heavy_turns.slot(req.tenant_id):
+                self.loaded = await load(req, self.inline)
+        else:
+            self.loaded = await load(req, self.inline)
         self.ledger.turn, self.ledger.spilled = self.loaded.turn, self.loaded.spilled
         use_memory = await self.intent.classify(self.loaded.turn)
         if self.intent.deferred:
@@ -230,6 +235,7 @@ class TurnExchange:
             self.degraded,
             self.assembled.recalled,
             self.assembled.attachments,
+            unstored=self.loaded.unstored,
         )
 
     async def _count_prompt(self) -> int:

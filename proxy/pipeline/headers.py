@@ -13,7 +13,10 @@ def memory_headers(
     degraded: bool,
     recalled: int = 0,
     attachments: int = 0,
+    *,
+    unstored: bool = False,
 ) -> dict[str, str]:
+    """`unstored`: neither the database nor the spill could keep the turn (fail-open)."""
     headers = {
         "x-memory-context-tokens": str(assembly.context_tokens if assembly else 0),
         "x-memory-history-messages": str(assembly.history_messages if assembly else 0),
@@ -21,6 +24,8 @@ def memory_headers(
         "x-memory-attachments": str(attachments),
         "x-memory-status": "degraded" if degraded else "ok",
     }
+    if unstored:
+        headers["x-memory-stored"] = "false"
     if turn is not None and turn.conversation_id:
         headers["x-memory-conversation-id"] = turn.conversation_id
     return headers

@@ -13,7 +13,7 @@ from litestar import Request
 from proxy.core.access import RequestInfo, request_info
 from proxy.core.auth import USER_HEADER, Principal
 from proxy.core.errors import BadRequest
-from proxy.core.requests import header_text
+from proxy.core.requests import check_user_id, header_text
 from proxy.pipeline.turn import ANONYMOUS, Mode, now
 from proxy.pipeline.wire import NeutralTurn
 from proxy.state import AppState
@@ -52,18 +52,13 @@ def identify(
     for one that is malformed): the user its key or token is bound to, else the user fields in
     order of trust; and the conversation it names."""
     headers = request.headers
-    param = "user"  # (the header's too: the user the request names)
-    user: object = named_user(request, principal)
-    if not user and principal.user is None:
+    param = USER_HEADER
+    named: object = named_user(request, principal)
+    if not named and principal.user is None:
         # The body's fields name the user only when the credentials leave it open; bound,
         # they are forwarded as they are and decide nothing.
-        param, user = next(((p, v) for p, v in user_fields if v is not None), ("user", None))
-    if user is not None and (
-        not isinstance(user, str) or not user.strip() or len(user) > 256 or "\x00" in user
-    ):
-        raise BadRequest(
-            "The user id must be a non-empty string of at most 256 characters.", param=param
-        )
+        param, named = next(((p, v) for p, v in user_fields if v is not None), ("user", None))
+    user = ANONYMOUS if named is None else check_user_id(named, param)
     conversation_id = headers.get("x-memory-conversation-id") or conversation_field
     if conversation_id is not None and not CONVERSATION_ID.fullmatch(conversation_id):
         raise BadRequest(
@@ -76,7 +71,7 @@ def identify(
     key = headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise BadRequest("Idempotency-Key must be 1-256 characters.", param="Idempotency-Key")
-    return Identity(user or ANONYMOUS, conversation_id, mode, key)
+    return Identity(user, conversation_id, mode, key)
 
 
 def named_user(request: Request[Any, Any, Any], principal: Principal) -> str | None:

@@ -30,6 +30,8 @@ class Loaded:
     # The turn went to the spill: it is stored once the database is back.
     spilled: bool = False
     degraded: bool = False
+    # Neither the database nor the spill could keep the turn (fail-open): answered, forgotten.
+    unstored: bool = False
 
 
 async def load(req: TurnRequest, inline: list[Inline]) -> Loaded:
@@ -61,8 +63,8 @@ async def load(req: TurnRequest, inline: list[Inline]) -> Loaded:
         turn.embed = services.embeddings.wanted(req.tenant_id, turn.user_id, turn.mode, ANONYMOUS)
         turn.extract = services.extractor.wanted(req.tenant_id, turn.user_id, turn.mode)
     except StorageError as exc:
-        await _degrade(req, inline, exc)
-        return Loaded(None, inline, spilled=True, degraded=True)
+        spilled = await _degrade(req, inline, exc)
+        return Loaded(None, inline, spilled=spilled, degraded=True, unstored=not spilled)
     return Loaded(turn, inline)
 
 
@@ -94,10 +96,16 @@ async def _after_spilled_turns(req: TurnRequest) -> None:
     await services.memory.in_time(caught_up())
 
 
-async def _degrade(req: TurnRequest, inline: list[Inline], error: StorageError) -> None:
+async def _degrade(req: TurnRequest, inline: list[Inline], error: StorageError) -> bool:
     """Storage failed (or was too slow for) the turn: answer without memory and keep the turn
-    in the spill, to be stored when the database is back; or refuse with 503 when the tenant
-    says `fail_open: false` or the spill is full."""
+    in the spill, to be stored when the database is back (True); or refuse with 503 when the
+    tenant says `fail_open: false` or the spill is full (the bound the operator chose).
+
+    When the spill cannot be written either (a full or read-only disk), a fail-open tenant's
+    turn is still answered, and nothing of it is kept (False): fail-open promises that memory's
+    storage failing does not take the chat down. The response says so (`x-memory-stored:
+    false`), the log (`memory_not_stored`) and the metrics too, and /readyz reports the spill
+    (docs/operations/database-away.md)."""
     tenant_id, services, identity = req.tenant_id, req.services, req.identity
     reason = "timeout" if isinstance(error, StorageTimeout) else "unavailable"
     if isinstance(error, StorageCircuitOpen):
@@ -126,16 +134,27 @@ async def _degrade(req: TurnRequest, inline: list[Inline], error: StorageError) 
     )
     try:
         await services.spill.add(entry, bounded=True)
-    except (SpillFull, OSError) as exc:
+    except OSError as exc:
+        services.metrics.degraded.labels(tenant_id, reason).inc()
+        services.metrics.not_stored.labels(tenant_id).inc()
+        log.error(
+            "memory_not_stored",
+            request_id=req.request_id,
+            reason=reason,
+            error=str(error),
+            spill_error=str(exc),
+        )
+        return False
+    except SpillFull as exc:
         services.metrics.spill_refused.labels(tenant_id).inc()
         log.error("memory_spill_refused", request_id=req.request_id, reason=reason, error=str(exc))
-        why = "its spill is full" if isinstance(exc, SpillFull) else "its spill failed"
         raise ServiceUnavailable(
             "Memory storage is unavailable and the proxy cannot keep the turn until it is "
-            f"back ({why}). Try again later.",
-            code="memory_spill_full" if isinstance(exc, SpillFull) else "memory_unavailable",
+            "back (its spill is full). Try again later.",
+            code="memory_spill_full",
             headers={"retry-after": "5"},
         ) from error
     services.metrics.degraded.labels(tenant_id, reason).inc()
     if reason != "circuit_open":
         log.warning("memory_degraded", request_id=req.request_id, reason=reason, error=str(error))
+    return True

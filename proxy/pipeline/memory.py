@@ -155,7 +155,8 @@ class ConversationMemory:
                         context,
                         count,
                         intent_of,
-                    )
+                    ),
+                    tenant=tenant_id,
                 )
                 return turn
             except ConflictError:
@@ -195,6 +196,7 @@ class ConversationMemory:
                     outcome.fields(),
                     count,
                     keep=outcome.keep,
-                )
+                ),
+                tenant=turn.tenant_id,
             )
         )

@@ -17,6 +17,7 @@ from policies.context import Recalled
 from policies.dates import asked_period, favour_period
 from policies.fusion import hybrid_scores
 from policies.memories import rank_by_words_and_meaning, stem
+from policies.public_ids import MESSAGE, PublicIds
 from policies.recall import (
     WIDE_RADIUS,
     Excerpt,
@@ -49,10 +50,14 @@ class Recall:
         """Recalled turns and memories (what `x-memory-memories` counts)."""
         return sum(len(e.turns) for e in self.excerpts) + len(self.memories) + len(self.known)
 
-    def record(self) -> list[dict[str, object]]:
-        """What the exchange record says was recalled."""
+    def record(self, ids: PublicIds) -> list[dict[str, object]]:
+        """What the exchange record says was recalled (messages by their public ids)."""
         turns: list[dict[str, object]] = [
-            {"message": f"msg_{t.pk}", "conversation_id": t.conversation, "hit": t.pk in e.hits}
+            {
+                "message": ids.format(MESSAGE, t.pk),
+                "conversation_id": t.conversation,
+                "hit": t.pk in e.hits,
+            }
             for e in self.excerpts
             for t in e.turns
         ]
@@ -161,8 +166,11 @@ async def recall(
         scores = favour_period(scores, said, asked_period(text, now))
         meaning = vectors[0].of(said.keys())
     ranked = rank(scores, turns, now=now, terms=terms, exclude=exclude, wide=wide, meaning=meaning)
+    # The user's pinned instructions go in a section of their own (policies/recall.py).
+    standing = [m for m in pinned if m.kind == "instruction"]
+    pinned = [m for m in pinned if m.kind != "instruction"]
     facts = [m.text for m in pinned]
-    used = sum(count_text(f) + MEMORY_LINE_TOKENS for f in facts)
+    used = sum(count_text(m.text) + MEMORY_LINE_TOKENS for m in [*standing, *pinned])
     known: list[MemoryRecord] = []
     memory_room = int(budget_tokens * memory_share) - used
     by_pk = {m.pk: m for m in others}
@@ -177,16 +185,23 @@ async def recall(
         known.append(memory)
         memory_room -= cost
         used += cost
-    headings = (10 if facts else 0) + (10 if known else 0)
+    headings = (10 if facts else 0) + (10 if known else 0) + (30 if standing else 0)
     room = budget_tokens - used - headings
-    fitted = fit(pack(ranked, room), budget_tokens, facts, [m.text for m in known])
-    if not fitted.excerpts and not fitted.memories and not fitted.known:
+    fitted = fit(
+        pack(ranked, room),
+        budget_tokens,
+        facts,
+        [m.text for m in known],
+        [m.text for m in standing],
+    )
+    if not (fitted.excerpts or fitted.memories or fitted.known or fitted.standing):
         return NOTHING
-    attached = pinned[: len(fitted.memories)] + known[: len(fitted.known)]
+    shown = standing[: len(fitted.standing)] + pinned[: len(fitted.memories)]
+    attached = shown + known[: len(fitted.known)]
     return Recall(
         fitted.excerpts,
         Recalled(fitted.text, fitted.tokens),
-        [m.id for m in pinned[: len(fitted.memories)]],
+        [m.id for m in shown],
         [m.id for m in known[: len(fitted.known)]],
         [m.pk for m in attached],
     )

@@ -25,8 +25,9 @@ from proxy.pipeline.artifacts import chunked
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay_writes import ReplayWrites, Wanted
 from proxy.pipeline.spill_entries import SpilledRequest, grouped
-from proxy.pipeline.turn import IntentOf, TokenCounter
+from proxy.pipeline.turn import HEAVY_TURN_MESSAGES, HEAVY_TURNS_AT_ONCE, IntentOf, TokenCounter
 from storage.errors import ConflictError, StorageError, StorageUnavailable
+from storage.fair_slots import FairSlots
 
 log = structlog.get_logger("memproxy.spill")
 
@@ -51,6 +52,7 @@ class SpillReplayer:
         wanted: Callable[[str, str, str], Wanted],
         wake_jobs: Callable[[], None],
         interval: float,
+        heavy: FairSlots | None = None,
     ) -> None:
         """`intent_of(tenant)` classifies a replayed turn as a live one would be;
         `wanted(tenant, user, mode)` says what to queue after its reply."""
@@ -59,9 +61,14 @@ class SpillReplayer:
         self.writes = ReplayWrites(intent_of=intent_of, wanted=wanted)
         self.wake_jobs = wake_jobs
         self.interval = interval
+        # Large turns are counted and stored one at a time, live or replayed (proxy/state.py).
+        self.heavy = heavy or FairSlots(HEAVY_TURNS_AT_ONCE)
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()
         self._failures: dict[tuple[str, str], int] = {}
+        # Catch-ups waiting for the round lock: a full round stops at its next request for
+        # them, so a user's turn waits for its own spilled turns, not for everyone's.
+        self._catching_up = 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -79,12 +86,20 @@ class SpillReplayer:
                 log.exception("spill_replay_failed")
             await asyncio.sleep(self.interval)
 
-    async def replay(self) -> dict[str, int]:
+    async def replay(self, *, user: tuple[str, str] | None = None) -> dict[str, int]:
         """One round (one at a time): what became of each request (replayed: stored whole;
         begun: its turn stored, its outcome still to come; amended: only costs or an intent
-        added to a record already there; duplicate, erased, refused, gone, failed)."""
-        async with self._round:
-            return await self._replay_round()
+        added to a record already there; duplicate, erased, refused, gone, failed). `user`
+        (tenant, user): that user's requests only, the rest left for the next round."""
+        if user is None:
+            async with self._round:
+                return await self._replay_round(None)
+        self._catching_up += 1
+        try:
+            async with self._round:
+                return await self._replay_round(user)
+        finally:
+            self._catching_up -= 1
 
     async def catch_up(self, tenant_id: str, user_id: str) -> bool:
         """Before a live turn of a user whose earlier turns wait in the spill: replay them
@@ -94,12 +109,14 @@ class SpillReplayer:
         disk) is logged, and the turn waits too (which that failing, is refused with 503)."""
         if self.spill.holds(tenant_id, user_id):
             try:
-                await asyncio.shield(self.replay())
+                # This user's turns only: another tenant's large spill is not this turn's
+                # wait (issue 34: turns degraded for about 65 s behind one tenant's replay).
+                await asyncio.shield(self.replay(user=(tenant_id, user_id)))
             except OSError as exc:
                 log.error("spill_replay_failed", error=str(exc))
         return not self.spill.holds(tenant_id, user_id)
 
-    async def _replay_round(self) -> dict[str, int]:
+    async def _replay_round(self, user: tuple[str, str] | None) -> dict[str, int]:
         counts: dict[str, int] = {}
         self.metrics.spill_bytes.set(self.spill.size())
         if self.spill.empty():
@@ -112,9 +129,20 @@ class SpillReplayer:
         if batch is None:
             return counts
         requests = grouped(batch.entries)
+        done: set[int] = set()  # (ids of the requests this round finished with)
+
+        def rest() -> list[Spilled]:
+            return [e for r in requests if id(r) not in done for e in r.entries()]
+
         left: list[Spilled] = []
         try:
-            for n, request in enumerate(requests):
+            for request in requests:
+                if user is not None and (request.first.tenant_id, request.first.user_id) != user:
+                    continue
+                if user is None and self._catching_up and done:
+                    # A user's turn waits for its own spilled turns: this round stops here
+                    # (between requests, having made progress) and the rest goes in the next.
+                    break
                 try:
                     result = await self._replay(request)
                 except StorageError as exc:
@@ -123,7 +151,6 @@ class SpillReplayer:
                     tries = self._failures[request.key] = self._failures.get(request.key, 0) + 1
                     if isinstance(exc, StorageUnavailable) or tries < MAX_TRIES:
                         log.warning("spill_replay_paused", error=str(exc), tries=tries)
-                        left = [e for r in requests[n:] for e in r.entries()]
                         break
                     await self.spill.dead_letter(request.entries(), repr(exc))
                     result = "failed"
@@ -137,8 +164,10 @@ class SpillReplayer:
                         # through, and a request found recorded already was only read).
                         self.memory.circuit.close(by="spill_replay")
                 self._failures.pop(request.key, None)
+                done.add(id(request))
                 counts[result] = counts.get(result, 0) + 1
                 self.metrics.spill_replayed.labels(result).inc()
+            left = rest()
         except BaseException:
             left = batch.entries  # (cancelled: all of it again, replaying is idempotent)
             raise
@@ -151,6 +180,13 @@ class SpillReplayer:
         return counts
 
     async def _replay(self, request: SpilledRequest) -> str:
+        turn = request.turn
+        if turn is not None and len(turn.data.get("messages", ())) >= HEAVY_TURN_MESSAGES:
+            async with self.heavy.slot(request.first.tenant_id):
+                return await self._replay_one(request)
+        return await self._replay_one(request)
+
+    async def _replay_one(self, request: SpilledRequest) -> str:
         head = request.first
         tenant = self.config.tenants.get(head.tenant_id)
         if tenant is None:
@@ -168,7 +204,9 @@ class SpillReplayer:
             texts.append(request.outcome.data["reply"])
         count = await TokenCounter(model).prepare(texts)
         work = partial(self.writes.apply, request, tenant, count, documents)
+        # In the tenant's own lane (storage/fair_slots.py): a tenant's large spill does not
+        # hold up the others' live turns.
         try:
-            return await self.db.write(work)
+            return await self.db.write(work, tenant=head.tenant_id)
         except ConflictError:  # a live request created the same conversation just now
-            return await self.db.write(work)
+            return await self.db.write(work, tenant=head.tenant_id)

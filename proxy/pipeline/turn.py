@@ -23,6 +23,13 @@ log = structlog.get_logger("memproxy.memory")
 Mode = Literal["full", "read", "off"]
 # The intent of a request's newest user turn, given the messages up to it.
 IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
+# A turn of this many messages or more is heavy: counting and storing it takes the process
+# about a second per 10,000 (docs/performance), time every other request shares. One is
+# stored at a time (tenants taking turns: storage/fair_slots.py), so one tenant's flood of
+# large requests waits on itself, and other tenants' ordinary turns, which never wait for
+# this, stay `ok` (bench/tenant_fairness.py).
+HEAVY_TURN_MESSAGES = 1000
+HEAVY_TURNS_AT_ONCE = 1
 
 
 def now() -> datetime:

@@ -13,7 +13,15 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, Struct
 
 Timestamp = Annotated[int, Meta(description="Unix seconds.")]
-UserId = Annotated[str, Meta(min_length=1, max_length=256, description="The end user.")]
+UserId = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=256,
+        pattern=r"^(?!\.\.?$)",
+        description="The end user (not `.` or `..`, which URL clients rewrite).",
+    ),
+]
 
 
 class ErrorObject(Struct, kw_only=True):
@@ -359,6 +367,9 @@ class Health(Struct, kw_only=True):
     status: str
     database: str | None = None
     storage_circuit: str | None = None
+    # The spill: "ok", or "unwritable: <why>" (a full or read-only disk; still ready: fail-open
+    # tenants are answered, their turns not kept when the database fails too).
+    spill: str | None = None
     # The local embedding model: "ok", or "unavailable: <why>" (recall by keywords alone; still
     # ready). Absent when no tenant uses it.
     embeddings: str | None = None

@@ -146,7 +146,9 @@ async def create_conversation(
         raise BadRequest("title must be a string of at most 512 characters.", param="title")
     messages = body.get("messages")
     if messages is not None:
-        check_messages(messages, imported=True)
+        check_messages(
+            messages, imported=True, max_messages=services.config.server.max_request_messages
+        )
     count = await TokenCounter("").prepare(messages or [])
 
     def work(conn: Connection) -> ConversationRecord:
@@ -164,7 +166,7 @@ async def create_conversation(
         return created
 
     try:
-        created = await services.db.write(work)
+        created = await services.db.write(work, tenant=principal.tenant_id)
     except ConflictError:
         raise Conflict(
             f"A conversation with id '{conversation_id}' already exists.",

@@ -30,6 +30,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 from sqlalchemy import Connection
 
+from policies.public_ids import PublicIds
 from proxy.core.auth import Principal
 from proxy.core.user_paths import user_in_path
 from proxy.pipeline.turn import now
@@ -102,8 +103,11 @@ async def array(
 class UserExport:
     """The pages of one user's export, in the document's order."""
 
-    def __init__(self, snapshot: Snapshot, tenant: str, user: str, page: int) -> None:
+    def __init__(
+        self, snapshot: Snapshot, tenant: str, user: str, page: int, ids: PublicIds
+    ) -> None:
         self.snapshot, self.tenant, self.user, self.page = snapshot, tenant, user, page
+        self.ids = ids
 
     async def document(self, at: datetime) -> AsyncIterator[bytes]:
         head = {
@@ -127,7 +131,7 @@ class UserExport:
             ("exchanges", self._exchanges, exchange_object),
             ("responses", self._responses, stored_response_object),
             ("summaries", self._summaries, summary_object),
-            ("jobs", self._jobs, job_object),
+            ("jobs", self._jobs, partial(job_object, self.ids)),
         ]
         for name, fetch, shown in sections:
             yield b"," + encode(name) + b":"
@@ -144,7 +148,7 @@ class UserExport:
     async def _conversation(self, conversation: ConversationRecord) -> AsyncIterator[bytes]:
         yield encode(conversation_object(conversation))[:-1] + b',"messages":'
         messages = self._pages(partial(self._messages, conversation.pk))
-        async for piece in array(messages, partial(message_object, conversation.id)):
+        async for piece in array(messages, partial(message_object, self.ids, conversation.id)):
             yield piece
         yield b',"attachments":'
         attached = pages(
@@ -243,7 +247,7 @@ async def export_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user_id = user_param(user_in_path(user_id), "user_id")
+    user_id = user_param(user_in_path(user_id), "user_id", stored_before=True)
     principal.only(user_id, "user_id")  # (403: a key or token bound to another user)
     await services.deferred.settle()  # (mode-off records written in batches)
     page = services.config.server.export_page_rows
@@ -256,7 +260,7 @@ async def _spooled(services: AppState, tenant: str, user: str, page: int) -> Bin
     spool = await asyncio.to_thread(tempfile.TemporaryFile)
     try:
         async with services.exports, services.db.snapshot() as snapshot:
-            document = UserExport(snapshot, tenant, user, page).document(now())
+            document = UserExport(snapshot, tenant, user, page, services.ids).document(now())
             async for chunk in coalesced(document, FLUSH_BYTES):
                 await asyncio.to_thread(spool.write, chunk)
         await asyncio.to_thread(spool.seek, 0)

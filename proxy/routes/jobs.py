@@ -3,7 +3,6 @@ what each did, and what failed and why (`dead`: out of attempts). Scope `manage`
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from litestar import Request, Response, get
@@ -11,6 +10,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
+from policies.public_ids import JOB, PublicIds
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
@@ -21,12 +21,10 @@ from proxy.state import AppState
 from storage.records import JobRecord
 from storage.repositories.jobs import STATUSES, Jobs
 
-JOB_ID = re.compile(r"job_([0-9]{1,18})")
 
-
-def job_object(job: JobRecord) -> dict[str, Any]:
+def job_object(ids: PublicIds, job: JobRecord) -> dict[str, Any]:
     return {
-        "id": f"job_{job.pk}",
+        "id": ids.format(JOB, job.pk),
         "object": "memory.job",
         "kind": job.kind,
         "subject": job.ref,
@@ -39,12 +37,6 @@ def job_object(job: JobRecord) -> dict[str, Any]:
         "created_at": int(job.created_at.timestamp()),
         "updated_at": int(job.updated_at.timestamp()),
     }
-
-
-def _pk(job_id: str) -> int | None:
-    """The row a job id names, or None when it is not a job id."""
-    match = JOB_ID.fullmatch(job_id)
-    return None if match is None else int(match.group(1))
 
 
 @get(
@@ -67,7 +59,7 @@ async def list_jobs(
     user = principal.only(user)
     subject = params.get("subject")
     after = params.get("after")
-    after_pk = None if after is None else _pk(after)
+    after_pk = None if after is None else services.ids.parse(JOB, after)
     if after is not None and after_pk is None:  # (as a conversation's or a memory's cursor)
         raise BadRequest(f"after: no job '{after}'.", param="after")
     limit = limit_param(request)
@@ -84,7 +76,7 @@ async def list_jobs(
         )
 
     found = await services.db.read(work)
-    return json_response(page([job_object(j) for j in found], limit))
+    return json_response(page([job_object(services.ids, j) for j in found], limit))
 
 
 @get("/v1/memory/jobs/{job_id:str}", summary="Get a background job", **api("manage", ok=Job))
@@ -93,13 +85,13 @@ async def get_job(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    pk = _pk(job_id)
+    pk = services.ids.parse(JOB, job_id)
     if pk is None:
         raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param="job_id")
     found = await services.db.read(lambda conn: Jobs(conn).get(principal.tenant_id, pk))
     if found is None or not principal.sees(found.user_id):
         raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found")
-    return json_response(job_object(found))
+    return json_response(job_object(services.ids, found))
 
 
 ROUTES = [list_jobs, get_job]

@@ -6,7 +6,6 @@ Scope `manage`; scoped by the caller's tenant as the conversations are
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from litestar import Request, Response, get, post
@@ -14,6 +13,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
+from policies.public_ids import MESSAGE, PublicIds
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest
 from proxy.core.json_responses import json_response
@@ -30,9 +30,9 @@ from storage.repositories.conversations import Conversations
 from storage.repositories.erasures import Erasures
 
 
-def message_object(conversation_id: str, m: MessageRecord) -> dict[str, Any]:
+def message_object(ids: PublicIds, conversation_id: str, m: MessageRecord) -> dict[str, Any]:
     return {
-        "id": f"msg_{m.pk}",
+        "id": ids.format(MESSAGE, m.pk),
         "object": "memory.message",
         "conversation_id": conversation_id,
         "seq": m.seq,
@@ -64,9 +64,8 @@ async def list_messages(
         repo = Conversations(conn)
         after_seq = 0
         if after:
-            pk = after.removeprefix("msg_")
-            valid = re.fullmatch(r"[0-9]{1,18}", pk)
-            seq = repo.message_seq(principal.tenant_id, found.pk, int(pk)) if valid else None
+            pk = services.ids.parse(MESSAGE, after)
+            seq = None if pk is None else repo.message_seq(principal.tenant_id, found.pk, pk)
             if seq is None:
                 raise BadRequest(
                     f"after: no message '{after}' in this conversation.", param="after"
@@ -75,7 +74,9 @@ async def list_messages(
         return repo.messages(principal.tenant_id, found.pk, after_seq=after_seq, limit=limit + 1)
 
     rows = await services.db.read(work)
-    return json_response(page([message_object(conversation_id, m) for m in rows], limit))
+    return json_response(
+        page([message_object(services.ids, conversation_id, m) for m in rows], limit)
+    )
 
 
 @post(
@@ -91,7 +92,9 @@ async def append_messages(
 ) -> Response[Any]:
     body = parse_json_object(await request.body(), ("messages",))
     messages: list[dict[str, Any]] = body.get("messages")  # type: ignore[assignment]
-    check_messages(messages, imported=True)
+    check_messages(
+        messages, imported=True, max_messages=services.config.server.max_request_messages
+    )
     count = await TokenCounter("").prepare(messages)
 
     def work(conn: Connection) -> list[MessageRecord]:
@@ -109,10 +112,10 @@ async def append_messages(
             principal.tenant_id, updated.pk, after_seq=found.next_seq - 1, limit=len(messages)
         )
 
-    rows = await services.db.write(work)
+    rows = await services.db.write(work, tenant=principal.tenant_id)
     services.jobs.wake()
     return json_response(
-        page([message_object(conversation_id, m) for m in rows], len(rows) or 1), 201
+        page([message_object(services.ids, conversation_id, m) for m in rows], len(rows) or 1), 201
     )
 
 

@@ -55,7 +55,7 @@ async def chat_completions(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
-    check_chat_request(body)
+    check_chat_request(body, services.config.server.max_request_messages)
     return await answer_turn_request(request, principal, services, body, chat_completion)
 
 

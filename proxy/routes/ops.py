@@ -52,18 +52,36 @@ async def readyz_head(services: NamedDependency[AppState]) -> Response[None]:
     return Response(None, status_code=status)
 
 
+async def _spill(services: AppState) -> str:
+    """The spill, reported, not judged (like the circuit): `unwritable: <why>` while its disk
+    takes no write (full, read-only). Fail-open tenants are still answered then, their turns
+    not kept (`x-memory-stored: false`) when the database fails too; a 503 here would take
+    away the answers fail-open promises (docs/operations/database-away.md)."""
+    try:
+        async with asyncio.timeout(services.memory.timeout):  # (a hung disk: bounded too)
+            problem = await services.spill.probe()
+    except TimeoutError:
+        problem = services.spill.unwritable = "its disk did not answer in time"
+    services.metrics.spill_writable.set(0 if problem else 1)
+    return f"unwritable: {problem}" if problem else "ok"
+
+
 async def _readiness(services: AppState) -> tuple[int, dict[str, Any]]:
     circuit = services.memory.circuit.state()
+    spill = await _spill(services)
     try:
         # Bounded like the request path's storage: a probe must answer, slow database or not.
         async with asyncio.timeout(services.memory.timeout):
             await services.db.ping()
     except TimeoutError:
-        return 503, {"status": "unavailable", "database": "timeout", "storage_circuit": circuit}
+        database = "timeout"
     except StorageError as exc:
-        reason = str(exc)[:200]
-        return 503, {"status": "unavailable", "database": reason, "storage_circuit": circuit}
-    body = {"status": "ok", "database": "ok", "storage_circuit": circuit}
+        database = str(exc)[:200]
+    else:
+        database = "ok"
+    body = {"status": "ok", "database": database, "storage_circuit": circuit, "spill": spill}
+    if database != "ok":
+        return 503, {**body, "status": "unavailable"}
     embeddings = services.embeddings.status()
     if embeddings is not None:  # reported, not judged: without it recall goes on by keywords
         body["embeddings"] = embeddings
@@ -82,4 +100,5 @@ async def metrics(
             raise AuthenticationFailed(
                 "GET /metrics needs 'Authorization: Bearer <server.metrics_key>'."
             )
+    services.metrics.spill_writable.set(0 if services.spill.unwritable else 1)
     return Response(services.metrics.exposition(), media_type=CONTENT_TYPE)

@@ -9,6 +9,7 @@ from typing import Any
 from litestar import Request
 
 from proxy.core.errors import BadRequest
+from proxy.core.requests import check_user_id
 
 MAX_PAGE = 100
 
@@ -34,9 +35,6 @@ def limit_param(request: Request[Any, Any, Any], default: int = 20) -> int:
     return int(raw)
 
 
-def user_param(value: Any, param: str = "user") -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 256:
-        raise BadRequest(
-            f"'{param}' must be a non-empty string of at most 256 characters.", param=param
-        )
-    return value
+def user_param(value: Any, param: str = "user", *, stored_before: bool = False) -> str:
+    """A user id the route is given (`check_user_id`: 400 naming `param` for a bad one)."""
+    return check_user_id(value, param, stored_before=stored_before)

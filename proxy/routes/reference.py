@@ -97,8 +97,8 @@ QUERY: dict[str, Parameter] = {
     for p in (
         _query(
             "user",
-            "Only this end user's (1-256 characters).",
-            Schema(type=OpenAPIType.STRING, min_length=1, max_length=256),
+            "Only this end user's (1-256 characters, not `.` or `..`).",
+            Schema(type=OpenAPIType.STRING, min_length=1, max_length=256, pattern=r"^(?!\.\.?$)"),
         ),
         _query(
             "limit",
@@ -186,6 +186,7 @@ TURN_HEADERS = {
     "x-memory-attachments": "Documents attached.",
     "x-memory-intent": "label;confidence;method of the new user turn.",
     "x-memory-status": "ok, or degraded when memory was skipped.",
+    "x-memory-stored": "Only as false: neither the database nor the spill could keep the turn.",
     "x-usage-prompt-tokens": "From the upstream's usage.",
     "x-usage-completion-tokens": "From the upstream's usage.",
     "x-cost-usd": "Upstream cost plus the proxy's own model calls, or unknown.",

@@ -28,7 +28,7 @@ from policies.tokens import count_response_input
 from proxy.core.auth import USER_HEADER, Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
-from proxy.core.requests import check_responses_request, parse_json_object
+from proxy.core.requests import check_responses_request, check_user_id, parse_json_object
 from proxy.pipeline.identify import named_user as identify_user
 from proxy.protocols.responses.stored import deleted, input_item_list, item_list
 from proxy.protocols.responses.turn import create_response_turn, read_chain
@@ -71,7 +71,7 @@ async def create_response(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
-    check_responses_request(body)
+    check_responses_request(body, services.config.server.max_request_messages)
     return await answer_turn_request(request, principal, services, body, create_response_turn)
 
 
@@ -88,12 +88,7 @@ def named_user(request: Request[Any, Any, Any], principal: Principal) -> str | N
     """The user whose responses alone the request may see: its key's or token's, else the one
     `X-Memory-User-Id` names (proxy/pipeline/identify.py), else any of the tenant's."""
     user = identify_user(request, principal)
-    if user is not None and (not user.strip() or len(user) > 256):
-        raise BadRequest(
-            f"{USER_HEADER} must be a non-empty string of at most 256 characters.",
-            param=USER_HEADER,
-        )
-    return user
+    return None if user is None else check_user_id(user, USER_HEADER)
 
 
 def not_found(response_id: str) -> NotFound:

@@ -48,7 +48,7 @@ async def delete_user(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user_id = user_param(user_in_path(user_id), "user_id")
+    user_id = user_param(user_in_path(user_id), "user_id", stored_before=True)
     principal.only(user_id, "user_id")  # (403: a key or token bound to another user)
     await services.deferred.settle()  # mode-off records still in the batch go too
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from policies.artifact_prompts import DOCUMENTS, PLANNER_TASK, SUMMARY_TASK
+from policies.artifact_prompts import DOCUMENT, DOCUMENTS, PLANNER_TASK, SUMMARY_TASK
 from policies.extraction import EXCHANGE, EXTRACTION_TASK
+from policies.fence import unfence
 from policies.intent_keywords import KeywordClassifier
 from policies.intent_labels import DEFAULT_LABELS
 from policies.intent_llm import INTENT_TASK, NEWEST_MESSAGE
@@ -35,7 +36,7 @@ from policies.tokens import count_text, message_text
 from proxy.upstream.schema_instance import instance
 
 PREVIEW_CHARS = 200
-_ROLE_LINE = re.compile(r"^(user|assistant|system|developer|tool): ", re.MULTILINE)
+_ROLE_LINE = re.compile(r"^(user|assistant|system|developer|tool):$", re.MULTILINE)
 
 
 @dataclass(slots=True)
@@ -106,7 +107,7 @@ def _classifier(labels: frozenset[str]) -> KeywordClassifier:
 def _intent(system: str, user: str) -> str:
     """The keyword classifier's answer, among the labels the prompt lists."""
     listed = frozenset(re.findall(r"^- ([A-Za-z0-9_]+):", system, re.MULTILINE))
-    text = user.rsplit(NEWEST_MESSAGE, 1)[-1]
+    text = unfence(user.rsplit(NEWEST_MESSAGE, 1)[-1])
     result = _classifier(listed).classify(text)
     return json.dumps(
         {
@@ -122,12 +123,11 @@ def _intent(system: str, user: str) -> str:
 
 
 def _said(lines: str) -> list[tuple[str, str]]:
-    """("role", text) of "role: text" lines (a text may run over several lines)."""
+    """("role", text) of the proxy's "role:" lines, each with its text fenced below it."""
     starts = list(_ROLE_LINE.finditer(lines))
-    return [
-        (m.group(1), lines[m.end() : starts[i + 1].start() if i + 1 < len(starts) else None])
-        for i, m in enumerate(starts)
-    ]
+    ends = [m.start() for m in starts[1:]] + [len(lines)]
+    pairs = zip(starts, ends, strict=True)
+    return [(m.group(1), unfence(lines[m.end() : end])) for m, end in pairs]
 
 
 _FIRST_PERSON = re.compile(r"^(?:I|I'm|I've|I'd|I'll|My|my)\b")
@@ -240,14 +240,14 @@ def _history_summary(user: str, limit: int) -> str:
     when it would not fit."""
     so_far, _, rest = user.removeprefix(SO_FAR).partition(NEW_TURNS)
     turns = rest.rsplit(ASK, 1)[0]
-    lines = [] if so_far.startswith("(none yet") else so_far.strip().splitlines()
+    lines = [] if so_far.startswith("(none yet") else unfence(so_far).strip().splitlines()
     for role, text in _said(turns):
         flat = " ".join(text.split())
         lines.append(f"- {role}: {flat[:160] + '...' if len(flat) > 160 else flat}")
     return _within(lines, limit)
 
 
-_DOCUMENT_LINE = re.compile(r"^- key=(\S+) kind=\S+ title=.*? tokens=(\d+): ", re.MULTILINE)
+_DOCUMENT_LINE = re.compile(r'^- key=("(?:[^"\\]|\\.)*") kind=\S+ tokens=(\d+)$', re.MULTILINE)
 
 
 def _plan(system: str, user: str) -> str:
@@ -259,13 +259,16 @@ def _plan(system: str, user: str) -> str:
         tokens = int(match.group(2))
         strategy = "include_full" if tokens <= room else "relevant_passages"
         room -= tokens if strategy == "include_full" else 0
-        plan.append({"key": match.group(1), "strategy": strategy, "priority": priority})
+        key = json.loads(match.group(1))
+        plan.append({"key": key, "strategy": strategy, "priority": priority})
     return json.dumps({"plan": plan})
 
 
 def _document_summary(user: str, limit: int) -> str:
     """The document's opening, within the summary's room."""
-    document = user.split("\n\nDocument", 1)[-1].split(":\n", 1)[-1]
+    document = unfence(user.split(DOCUMENT, 1)[-1])
+    if document.startswith("title: "):  # its title line, then a blank one
+        document = document.split("\n", 2)[-1]
     return _within([" ".join(document.split()[: max(1, limit // 2)])], limit)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, delete, or_, select, text, update
 
-from storage.models import EXCHANGES, JOBS, USAGE_COUNTERS
+from storage.models import EXCHANGES, JOBS, SERVER_SECRETS, USAGE_COUNTERS
 from storage.records import JobRecord
 from storage.repositories.jobs import job_columns, job_record
 
@@ -38,6 +38,16 @@ class SystemRepository:
         if self.conn.dialect.name == "sqlite":
             for index in SEARCH_INDEXES:
                 self.conn.execute(text(f"INSERT INTO {index}({index}) VALUES ('optimize')"))
+
+    def secret(self, name: str) -> str:
+        """The deployment's secret `name`, made by the migrations (LookupError if it is not
+        there: the database was not migrated)."""
+        value = self.conn.execute(
+            select(SERVER_SECRETS.c.value).where(SERVER_SECRETS.c.name == name)
+        ).scalar_one_or_none()
+        if value is None:
+            raise LookupError(f"no server secret {name!r}: is the database migrated?")
+        return str(value)
 
     def sweep_in_progress(self, started_before: datetime, now: datetime) -> int:
         """Mark exchanges a crashed process left `in_progress` as `incomplete`."""

@@ -145,7 +145,7 @@ async def test_a_small_document_goes_whole_and_stays_with_the_conversation(
     headers, system = await proxy.ask("what is the wifi password?", [doc])
     assert headers["x-memory-attachments"] == "1"
     assert "> Our wifi password is hunter2." in system
-    assert "[document 'house notes'" in system and "whole]" in system
+    assert "[document, " in system and "whole]\n> title: house notes\n" in system
     budget_holds(headers, system)
     record = await proxy.record(headers)
     (item,) = record["attached"]["attachments"]["items"]
@@ -337,7 +337,7 @@ async def test_the_planners_plan_is_followed_and_a_bad_one_gives_way_to_the_rule
     assert attached["planner"] == "llm"
     assert [i["strategy"] for i in attached["items"]] == ["exclude", "include_full"]
     shown = helper.chat_requests[0]["messages"][1]["content"]
-    assert "key=inline:0 kind=attachment title=report" in shown
+    assert 'key="inline:0" kind=attachment tokens=' in shown and "> title: report" in shown
     # A plan that names a document that is not there: the rule decides.
     helper.script = [
         said(json.dumps({"plan": [{"key": "ghost", "strategy": "exclude", "priority": 1}]}))

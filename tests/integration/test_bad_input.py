@@ -411,3 +411,38 @@ def test_a_body_that_stops_arriving_is_a_408_and_one_sent_slowly_is_read_whole(
     with httpx.Client(base_url=str(url), headers={"authorization": f"Bearer {KEY}"}) as client:
         stored = client.get("/memory/conversations", params={"user": USER}).json()["data"]
     assert [c["id"] for c in stored] == ["slow"]
+
+
+def test_more_messages_than_max_request_messages_is_a_413_naming_the_limit(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[..., str]
+) -> None:
+    """A request of 10,001 tiny messages fits the body limit; without a bound on the count,
+    each became a stored row (issue 34: 200,001 rows and 230 MB from one request)."""
+    config = make_config(UpstreamConfig(kind="openai", base_url=fake_upstream[1], api_key="k"))
+    base = serve_proxy(config).removesuffix("/v1")
+    limit = 10_000  # server.max_request_messages by default
+    many = [{"role": "user", "content": "x"}] * (limit + 1)
+    items = [{"role": "user", "content": "x"}] * (limit + 1)
+    cases = [
+        ("/v1/chat/completions", {"model": "m", "messages": many}, "messages"),
+        ("/v1/responses", {"model": "m", "input": items}, "input"),
+        ("/v1/memory/conversations", {"user": USER, "id": "big", "messages": many}, "messages"),
+        ("/v1/memory/conversations/c1/messages", {"messages": many}, "messages"),
+    ]
+    with httpx.Client(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as client:
+        seeded = client.post(
+            "/v1/memory/conversations",
+            json={"id": SEEDED, "user": USER, "messages": many[:limit]},  # the limit itself is fine
+        )
+        assert seeded.status_code == 201, seeded.text
+        before = snapshot(client)
+        for path, body, param in cases:
+            response = client.post(path, json=body)
+            assert response.status_code == 413, (path, response.text)
+            assert openai_error(response) is None
+            error = response.json()["error"]
+            assert (error["param"], error["code"]) == (param, "too_many_messages")
+            assert "server.max_request_messages" in error["message"]
+            assert str(limit) in error["message"]
+        assert snapshot(client) == before
+    assert fake_upstream[0].chat_requests == []

@@ -179,8 +179,8 @@ async def test_the_memory_models_decisions_are_applied_exactly(
     assert asked["model"] == MEMORY_MODEL
     assert asked["response_format"] == {"type": "json_object"}
     shown = asked["messages"][1]["content"]
-    assert "user: I'm vegetarian and I live in Lisbon. Any dinner ideas?" in shown
-    assert "assistant: fake reply to: I'm vegetarian" in shown
+    assert "user:\n> I'm vegetarian and I live in Lisbon. Any dinner ideas?" in shown
+    assert "assistant:\n> fake reply to: I'm vegetarian" in shown
     # Its cost is the exchange's memory cost: 1000 x $1/M + 100 x $2/M.
     record = await proxy.get(f"/memory/exchanges/{first}")
     (part,) = record["cost"]["parts"]
@@ -215,8 +215,8 @@ async def test_the_memory_models_decisions_are_applied_exactly(
     ]
     # The second time, the model was shown the existing memories by id.
     shown = model.chat_requests[1]["messages"][1]["content"]
-    assert f"id={lisbon} kind=fact: The user lives in Lisbon." in shown
-    assert "(pinned): Call me Al." in shown
+    assert f"id={lisbon} kind=fact\n> The user lives in Lisbon." in shown
+    assert "(pinned)\n> Call me Al." in shown
 
 
 async def test_a_reply_that_cannot_be_used_is_recorded_and_dead_lettered(
@@ -439,9 +439,12 @@ async def test_extraction_reads_the_turn_and_reply_not_a_whole_resent_history(
     shown = model.chat_requests[0]["messages"][1]["content"]
     exchange = shown.split("Exchange:\n", 1)[1]
     assert exchange.splitlines() == [
-        "assistant: old answer 49",
-        "user: I am vegetarian.",
-        "assistant: fake reply to: I am vegetarian.",
+        "assistant:",
+        "> old answer 49",
+        "user:",
+        "> I am vegetarian.",
+        "assistant:",
+        "> fake reply to: I am vegetarian.",
     ]
 
 
@@ -473,7 +476,7 @@ async def test_the_memories_shown_are_chosen_by_the_turn_before_a_long_reply(
     moved = await proxy.chat("I moved from Lisbon to Porto last week.", headers=conversation)
     await proxy.job_of(moved)
     shown = model.chat_requests[1]["messages"][1]["content"]
-    assert "user: I moved from Lisbon to Porto last week." in shown
+    assert "user:\n> I moved from Lisbon to Porto last week." in shown
     assert "The user lives in Lisbon." in shown
 
 

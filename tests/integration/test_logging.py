@@ -225,3 +225,52 @@ def access_lines(replica: Replica) -> list[dict[str, Any]]:
         for line in lines
         if line["event"] == "request" and line["path"] == "/v1/chat/completions"
     ]
+
+
+def test_a_client_that_leaves_mid_body_is_a_client_disconnect_not_a_500(tmp_path: Path) -> None:
+    """A request whose client closes the connection before its whole body arrived is the
+    client's doing: logged and counted as a disconnect (status 499, as nginx logs it), never
+    as the server's error."""
+    fake = FakeOpenAI()
+    with ServerThread(fake) as upstream:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"},
+                    "upstreams": {"main": {"kind": "openai", "base_url": upstream.url + "/v1"}},
+                    "tenants": {"t1": {"api_keys": [KEY], "upstream": "main"}},
+                }
+            )
+        )
+        replica = spawn("halfbody", config, tmp_path, log_level="info", log_format="json")
+        try:
+            wait_ready(replica)
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            for path in ("/v1/chat/completions", "/v1/memory/conversations"):
+                with socket.create_connection(("127.0.0.1", replica.port)) as client:
+                    client.sendall(
+                        f"POST {path} HTTP/1.1\r\nhost: proxy\r\n"
+                        f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+                        f"content-length: {len(body)}\r\n\r\n{body[: len(body) // 2]}".encode()
+                    )
+            until(lambda: len(requests_logged(replica)) == 2, "both access lines")
+            metrics = httpx.get(replica.url.removesuffix("/v1") + "/metrics", timeout=30).text
+        finally:
+            stop(replica)
+    assert fake.chat_requests == []
+    lines = requests_logged(replica)
+    assert [(line["path"], line["status"], line["outcome"]) for line in lines] == [
+        ("/v1/chat/completions", 499, "client_disconnected"),
+        ("/v1/memory/conversations", 499, "client_disconnected"),
+    ]
+    log = replica.log.read_text()
+    assert "unhandled_error" not in log and "Traceback" not in log
+    assert 'memproxy_request_body_disconnects_total{tenant="t1"} 2.0' in metrics
+    assert 'status="500"' not in metrics
+
+
+def requests_logged(replica: Replica) -> list[dict[str, Any]]:
+    """Every access line (but the probes') a JSON-logging replica wrote so far."""
+    lines = [json.loads(line) for line in replica.log.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line["event"] == "request" and line["status"] != 200]

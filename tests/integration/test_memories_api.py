@@ -170,6 +170,33 @@ async def test_pinned_memories_reach_the_model_on_every_turn(
                 assert system == []  # bob has no memories
 
 
+async def test_pinned_instructions_reach_the_model_as_standing_preferences(
+    api: httpx.AsyncClient, base: str, fake_upstream: tuple[FakeOpenAI, str]
+) -> None:
+    fake = fake_upstream[0]
+    rule = await create(api, text="Answer in metric units", kind="instruction", pinned=True)
+    fact = await create(api, text="Allergic to peanuts", pinned=True)
+    await create(api, text="Keep answers short", kind="instruction")  # not pinned: reference
+    async with openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            messages=[{"role": "user", "content": "how far is the moon?"}],
+            extra_headers={"X-Memory-User-Id": "alice"},
+        )
+    (system,) = [m["content"] for m in fake.chat_requests[-1]["messages"] if m["role"] == "system"]
+    standing, reference = system.split("Excerpts from earlier conversations", 1)
+    assert standing.startswith("The user's standing preferences")
+    assert "> - Answer in metric units" in standing and "peanuts" not in standing
+    assert "> - Allergic to peanuts" in reference and "metric" not in reference
+    assert "Keep answers short" not in system  # not pinned, and not about the turn
+    assert raw.headers["x-memory-memories"] == "2"
+    exchange = (await api.get(f"/memory/exchanges/{raw.headers['x-request-id']}")).json()
+    assert exchange["attached"]["recalled"] == [
+        {"memory": rule["id"], "pinned": True},
+        {"memory": fact["id"], "pinned": True},
+    ]
+
+
 async def test_other_memories_reach_the_model_when_the_turn_is_about_them(
     api: httpx.AsyncClient, base: str, fake_upstream: tuple[FakeOpenAI, str]
 ) -> None:

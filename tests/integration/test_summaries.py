@@ -177,8 +177,8 @@ async def test_a_long_conversation_is_summarised_once_and_extended_with_only_new
     assert asked["model"] == SUMMARY_MODEL
     shown = asked["messages"][1]["content"]
     assert "(none yet" in shown
-    assert "user: turn 1\nassistant: fake reply to: turn 1" in shown
-    assert "assistant: fake reply to: turn 3" in shown and "turn 4" not in shown
+    assert "user:\n> turn 1\nassistant:\n> fake reply to: turn 1" in shown
+    assert "assistant:\n> fake reply to: turn 3" in shown and "turn 4" not in shown
     # Its cost is the memory cost of the exchange that queued it: 1000 x $1/M + 100 x $2/M.
     record = await client.get(f"/memory/exchanges/{fourth}")
     (part,) = record["cost"]["parts"]
@@ -210,8 +210,8 @@ async def test_a_long_conversation_is_summarised_once_and_extended_with_only_new
     await client.job(10)
     second = model.chat_requests[1]["messages"][1]["content"]
     # The previous summary and only the turns after it (seq 7-10).
-    assert "Summary so far:\nSUMMARY ONE: the user counts." in second
-    assert "user: turn 4\n" in second and "assistant: fake reply to: turn 5" in second
+    assert "Summary so far:\n> SUMMARY ONE: the user counts." in second
+    assert "user:\n> turn 4\n" in second and "assistant:\n> fake reply to: turn 5" in second
     assert "turn 3" not in second and "turn 6" not in second
 
     seventh, sent = await client.turn("turn 7")
@@ -279,10 +279,10 @@ async def test_a_summary_claims_only_the_turns_its_model_read_and_the_next_job_r
         return "\n".join(r["messages"][1]["content"] for r in model.chat_requests)
 
     covered = job["result"]["through_seq"]
-    assert covered == MAX_MESSAGES and f"assistant: m{MAX_MESSAGES}" in read()
+    assert covered == MAX_MESSAGES and f"assistant:\n> m{MAX_MESSAGES}\n" in read()
     assert f"m{MAX_MESSAGES + 1}" not in read()
     # The next turn's job reads on from there.
     second, _ = await client.turn("and next")
     later = (await client.summary_record(second))["queued_through"]
     assert (await client.job(later))["result"]["through_seq"] == later
-    assert f"user: m{MAX_MESSAGES + 1}\n" in read() and f"m{MAX_MESSAGES + 200}" in read()
+    assert f"user:\n> m{MAX_MESSAGES + 1}\n" in read() and f"m{MAX_MESSAGES + 200}" in read()

@@ -552,3 +552,31 @@ async def test_a_replayed_reply_whose_conversation_was_deleted_goes_to_no_one_el
         ("assistant", "ok", "complete"),
     ]
     assert (await exchange(db, turn.request_id)).status == "complete"
+
+
+async def test_a_users_catch_up_replays_their_own_turns_not_everyones(
+    spill: SpillFile, db: Database
+) -> None:
+    """A user whose turns wait in the spill replays them before their next turn: theirs only.
+    Before, the catch-up replayed the whole spill, so a turn of another user (another tenant,
+    in issue 34) waited, and was degraded, behind one user's flood of spilled requests."""
+    for n in range(5):
+        await spill_turn(spill, f"a{n}", f"alice {n}", f"to alice {n}", conversation_id=f"a{n}")
+    await spill_turn(spill, "b", "bob's turn", "to bob", user_id="bob", conversation_id="b1")
+    replaying = replayer(spill, db)
+    assert spill.holds("t1", "alice") and spill.holds("t1", "bob")
+
+    assert await replaying.catch_up("t1", "bob")
+    assert await messages(db, "b1") == [
+        ("user", "bob's turn", "complete"),
+        ("assistant", "to bob", "complete"),
+    ]
+    assert [await messages(db, f"a{n}") for n in range(5)] == [[]] * 5  # still waiting
+    assert spill.holds("t1", "alice") and not spill.holds("t1", "bob")
+
+    assert await replaying.replay() == {"replayed": 5}  # the next round takes the rest
+    assert await messages(db, "a4") == [
+        ("user", "alice 4", "complete"),
+        ("assistant", "to alice 4", "complete"),
+    ]
+    assert spill.empty()

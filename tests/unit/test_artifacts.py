@@ -72,7 +72,7 @@ def test_a_document_larger_than_the_budget_gives_its_relevant_passages_only() ->
     assert used <= budget
     text = render(list(items.values()), {})
     assert "hold the recessed button" in text and "committee" not in text
-    assert "[document 'manual', 500 tokens: 1 of 5 passages]" in text
+    assert "[document, 500 tokens: 1 of 5 passages]\n> title: manual\n" in text
 
 
 def test_a_large_document_nothing_matches_is_summarised_or_opened() -> None:
@@ -133,7 +133,7 @@ def test_the_planner_is_asked_with_previews_sizes_and_the_budget() -> None:
     body = planner_request("cheap", "reset?", [MANUAL, SMALL], 300)
     assert body["response_format"] == {"type": "json_object"}
     asked = body["messages"][1]["content"]
-    assert "key=manual kind=attachment title=manual tokens=500:" in asked
+    assert 'key="manual" kind=attachment tokens=500\n> title: manual\n> ' in asked
     assert "hold the recessed button" in asked
     assert "300 tokens" in body["messages"][0]["content"]
 

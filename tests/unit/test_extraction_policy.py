@@ -47,10 +47,10 @@ def test_the_request_shows_the_exchange_and_the_known_memories_with_their_ids() 
     assert body["response_format"] == {"type": "json_object"}
     assert body["temperature"] == 0
     user = body["messages"][1]["content"]
-    assert "id=mem_a kind=preference: The user is vegetarian." in user
-    assert "id=mem_b kind=fact (pinned): The user lives in Lisbon." in user
-    assert "user: I moved to Porto last month." in user
-    assert "assistant: Where do you live?" in user
+    assert "id=mem_a kind=preference\n> The user is vegetarian." in user
+    assert "id=mem_b kind=fact (pinned)\n> The user lives in Lisbon." in user
+    assert "user:\n> I moved to Porto last month." in user
+    assert "assistant:\n> Where do you live?" in user
     assert "not shown" not in user
 
 

@@ -110,12 +110,12 @@ def test_wrong_fields_are_400_naming_the_param(patch: dict[str, Any], param: str
     body = {**GOOD, **patch}
     body = {k: v for k, v in body.items() if v is not None}
     with pytest.raises(BadRequest) as info:
-        check_chat_request(body)
+        check_chat_request(body, 10_000)
     assert info.value.param == param
 
 
 def test_valid_requests_pass_including_parts_tools_and_unknown_fields() -> None:
-    check_chat_request(GOOD)
+    check_chat_request(GOOD, 10_000)
     check_chat_request(
         {
             "model": "m",
@@ -147,5 +147,6 @@ def test_valid_requests_pass_including_parts_tools_and_unknown_fields() -> None:
                 },
                 {"role": "tool", "tool_call_id": "c", "content": "42"},
             ],
-        }
+        },
+        10_000,
     )

@@ -94,8 +94,8 @@ def test_the_summariser_gets_the_previous_summary_and_only_the_new_turns() -> No
     body = summary_request("sum-model", "The user likes tea.", turns, max_tokens=300)
     assert body["model"] == "sum-model" and body["max_tokens"] == 300
     asked = body["messages"][1]["content"]
-    assert "Summary so far:\nThe user likes tea." in asked
-    assert "user: I moved to Lisbon\nassistant: Noted: Lisbon" in asked
+    assert "Summary so far:\n> The user likes tea." in asked
+    assert "user:\n> I moved to Lisbon\nassistant:\n> Noted: Lisbon" in asked
     first = summary_request("sum-model", None, turns, max_tokens=300)["messages"][1]["content"]
     assert "(none yet" in first
 

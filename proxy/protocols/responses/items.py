@@ -228,9 +228,9 @@ def _text(raw: dict[str, Any], key: str, where: str, *, nonempty: bool = False) 
 
 def _message(raw: dict[str, Any], where: str) -> dict[str, Any]:
     role = raw.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # (an object or an array is unhashable)
         raise Malformed(
-            f"Invalid value for '{where}.role': {role!r}; expected one of 'assistant', "
+            f"Invalid value for '{where}.role': {role!r:.80}; expected one of 'assistant', "
             "'developer', 'system', 'user'.",
             f"{where}.role",
         )
