@@ -23,7 +23,7 @@ from policies.tokens import count_messages, count_text
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest
 from proxy.core.json_responses import json_response
-from proxy.core.requests import parse_json_object
+from proxy.core.requests import check_count, parse_json_object
 from proxy.pipeline.exchange import answer_turn
 from proxy.protocols.anthropic.adapter import MessagesAPI
 from proxy.protocols.anthropic.errors import ANTHROPIC_ERRORS
@@ -120,6 +120,7 @@ async def create_message(
 ) -> Response[Any]:
     body = parse_json_object(await request.body())
     check_request(body)
+    check_count(body["messages"], "messages", services.config.server.max_request_messages)
     return await answer_turn_request(request, principal, services, body, message_turn)
 
 

@@ -45,7 +45,8 @@ async def proxy(
     app, url = fake_upstream
     upstream = UpstreamConfig(kind="openai", base_url=url, api_key="upstream-key")
     config = make_config(upstream)
-    config = config.model_copy(update={"server": ServerConfig(max_body_bytes=200_000)})
+    server = ServerConfig(max_body_bytes=200_000, max_request_messages=50)
+    config = config.model_copy(update={"server": server})
     yield app, serve_proxy(config).removesuffix("/v1")
 
 
@@ -53,6 +54,11 @@ async def proxy(
 async def client(proxy: tuple[FakeOpenAI, str]) -> AsyncIterator[anthropic.AsyncAnthropic]:
     async with anthropic.AsyncAnthropic(base_url=proxy[1], api_key=KEY, max_retries=0) as c:
         yield c
+
+
+def request_of(turns: int) -> dict[str, Any]:
+    messages = [{"role": ("user", "assistant")[i % 2], "content": "x"} for i in range(turns)]
+    return {"model": MODEL, "max_tokens": 5, "messages": messages}
 
 
 def chat_text(content: Any) -> str:
@@ -306,6 +312,7 @@ async def test_errors_come_in_anthropics_shape(
             (b'{"model": "m", "max_tokens": "9", "messages": []}', 400, None),
             (b'{"model": "m", "max_tokens": 9, "stream": "yes", "messages": []}', 400, None),
             (b'{"pad": "' + b"x" * 300_000 + b'"}', 413, "request_too_large"),
+            (json.dumps(request_of(51)).encode(), 413, "request_too_large"),
         ]
         for body, status, kind in cases:
             response = await http.post(
