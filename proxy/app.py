@@ -46,8 +46,8 @@ from proxy.pipeline.replay import SpillReplayer
 from proxy.pipeline.replay_writes import Wanted
 from proxy.pipeline.turn import ANONYMOUS
 from proxy.reload import ConfigReloader, Configured, configure, price_book
-from proxy.routes import attachments as attachments_routes
 from proxy.routes import (
+    anthropic,
     conversations,
     export,
     memories,
@@ -59,6 +59,7 @@ from proxy.routes import (
     usage,
     users,
 )
+from proxy.routes import attachments as attachments_routes
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
@@ -302,6 +303,7 @@ def create_app(
             openai.chat_completions,
             openai.list_models,
             *responses.ROUTES,
+            *anthropic.ROUTES,
             openai.passthrough,
             *conversations.ROUTES,
             *messages.ROUTES,

@@ -32,7 +32,9 @@ async def provide_principal(
     """
     info = request_info(request.scope)
     scope: Scope = request.route_handler.opt.get("scope", "chat")
-    principal = services.keys.principal_for(request.headers, scope)
+    # (Anthropic's route takes the key in `x-api-key` too.)
+    x_api_key = bool(request.route_handler.opt.get("x_api_key"))
+    principal = services.keys.principal_for(request.headers, scope, x_api_key=x_api_key)
     info.tenant = principal.tenant_id
     if scope == "manage":
         if request.scope.get("query_string"):

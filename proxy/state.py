@@ -29,6 +29,7 @@ from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import SpillReplayer
 from proxy.pipeline.turn import HEAVY_TURNS_AT_ONCE
+from proxy.upstream.anthropic import AnthropicUpstream
 from proxy.upstream.base import Upstream
 from proxy.upstream.echo import EchoUpstream
 from proxy.upstream.http_shards import SHARDS, ShardedTransport
@@ -110,6 +111,8 @@ def build_upstream(name: str, config: UpstreamConfig, http: httpx.AsyncClient) -
     inner: Upstream
     if config.kind == "openai":
         inner = OpenAIUpstream(name, config, http)
+    elif config.kind == "anthropic":
+        inner = AnthropicUpstream(name, config, http)
     else:
         inner = LiteLLMUpstream(name, config)
     return ResilientUpstream(inner, config)

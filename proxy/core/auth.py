@@ -118,11 +118,17 @@ class KeyRing:
             raise PermissionDenied(f"This API key lacks the '{scope}' scope needed here.")
         return Principal(tenant_id, self._tenants[tenant_id], scopes, user, "key" if user else None)
 
-    def principal_for(self, headers: Headers, scope: Scope) -> Principal:
+    def principal_for(
+        self, headers: Headers, scope: Scope, *, x_api_key: bool = False
+    ) -> Principal:
         """Who a request is and which user it acts as, from its headers: the key, then the
-        tenant's identity mode (see the module's docstring)."""
+        tenant's identity mode (see the module's docstring). `x_api_key`: the route takes the
+        key in `x-api-key` too (Anthropic's)."""
         refuse_repeated(headers)
-        principal = self.authenticate(headers.get("authorization"), scope)
+        authorization = headers.get("authorization")
+        if x_api_key:
+            authorization = bearer_or_api_key(authorization, headers.get("x-api-key"))
+        principal = self.authenticate(authorization, scope)
         tokens = self._tokens.get(principal.tenant_id)
         named = header_value(headers, USER_HEADER)
         if tokens is None:
@@ -173,3 +179,11 @@ def refuse_repeated(headers: Headers) -> None:
                 code="duplicate_header",
             )
         seen.add(lower)
+
+
+def bearer_or_api_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The credentials a request presents as an `Authorization` value: the header itself, or
+    an `x-api-key` header (Anthropic's SDKs send the key there) as a bearer key."""
+    if authorization or not api_key:
+        return authorization
+    return f"Bearer {api_key.strip()}"

@@ -176,7 +176,7 @@ class BreakerConfig(_Strict):
 
 
 class UpstreamConfig(_Strict):
-    kind: Literal["echo", "openai", "litellm"]
+    kind: Literal["echo", "openai", "litellm", "anthropic"]
     base_url: str | None = None
     api_key: str | None = None
     timeout: TimeoutConfig = TimeoutConfig()

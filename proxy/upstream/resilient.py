@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -30,6 +30,7 @@ from proxy.core.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
+from proxy.upstream.anthropic import MessagesUpstream
 from proxy.upstream.base import Upstream, UpstreamReply
 
 log = structlog.get_logger("memproxy.upstream")
@@ -72,6 +73,18 @@ class ResilientUpstream:
         self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
     ) -> UpstreamReply:
         return await self._call(partial(self.inner.responses, body, stream=stream, sent=sent))
+
+    async def messages(
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        stream: bool,
+        sent: Callable[[], None] | None = None,
+    ) -> UpstreamReply:
+        """Anthropic's Messages API (an anthropic-kind upstream's), retried as chat is."""
+        inner = cast(MessagesUpstream, self.inner)
+        return await self._call(partial(inner.messages, body, headers, stream=stream, sent=sent))
 
     async def _call(self, send: Callable[[], Awaitable[UpstreamReply]]) -> UpstreamReply:
         """`send`, retried and counted by the circuit breaker as the upstream's settings say."""

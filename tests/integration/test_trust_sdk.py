@@ -4,6 +4,7 @@ included), a repeated header, and idempotency keys that are each user's own."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -75,68 +76,71 @@ def exchange_user(proxy: str, request_id: str) -> str:
 
 
 def test_a_bound_key_acts_as_its_user_only(proxy: str) -> None:
-    client = openai.OpenAI(base_url=proxy, api_key=ALICE_KEY, max_retries=0)
-    # The body's user fields are forwarded, and decide nothing.
-    raw = client.chat.completions.with_raw_response.create(
-        model="m", messages=MESSAGES, user="bob", safety_identifier="bob"
-    )
-    assert exchange_user(proxy, raw.headers["x-request-id"]) == "alice"
-    raw = client.responses.with_raw_response.create(model="m", input="hi", user="bob")
-    assert exchange_user(proxy, raw.headers["x-request-id"]) == "alice"
-    # Naming another user is refused, in OpenAI's error shape.
-    with pytest.raises(openai.PermissionDeniedError) as denied:
-        client.chat.completions.create(
-            model="m", messages=MESSAGES, extra_headers={"X-Memory-User-Id": "bob"}
+    with openai.OpenAI(base_url=proxy, api_key=ALICE_KEY, max_retries=0) as client:
+        # The body's user fields are forwarded, and decide nothing.
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES, user="bob", safety_identifier="bob"
         )
-    assert denied.value.code == "user_not_allowed"
-    assert "alice" in denied.value.message and denied.value.body["param"] == "X-Memory-User-Id"
-    # Naming its own user is fine; the passed-through endpoints are the tenant's.
-    client.chat.completions.create(
-        model="m", messages=MESSAGES, extra_headers={"X-Memory-User-Id": "alice"}
-    )
-    assert client.embeddings.create(model="text-embedding-3-small", input="hi").data
-    # Its management API is alice's: bob's data is another user's.
-    with httpx.Client(base_url=proxy, headers={"authorization": f"Bearer {ALICE_KEY}"}) as http:
-        listed = http.get("/memory/conversations").json()["data"]
-        assert listed and {c["user"] for c in listed} == {"alice"}
-        assert http.get("/memory/users/bob/export").status_code == 403
-        assert http.get("/memory/users/alice/export").json()["user"] == "alice"
-        assert http.delete("/memory/users/bob").status_code == 403
-        assert http.delete("/memory/users/alice").status_code == 200  # (its own: erased)
-        assert http.get("/memory/conversations").json()["data"] == []
+        assert exchange_user(proxy, raw.headers["x-request-id"]) == "alice"
+        raw = client.responses.with_raw_response.create(model="m", input="hi", user="bob")
+        assert exchange_user(proxy, raw.headers["x-request-id"]) == "alice"
+        # Naming another user is refused, in OpenAI's error shape.
+        with pytest.raises(openai.PermissionDeniedError) as denied:
+            client.chat.completions.create(
+                model="m", messages=MESSAGES, extra_headers={"X-Memory-User-Id": "bob"}
+            )
+        assert denied.value.code == "user_not_allowed"
+        assert "alice" in denied.value.message and denied.value.body["param"] == "X-Memory-User-Id"
+        # Naming its own user is fine; the passed-through endpoints are the tenant's.
+        client.chat.completions.create(
+            model="m", messages=MESSAGES, extra_headers={"X-Memory-User-Id": "alice"}
+        )
+        assert client.embeddings.create(model="text-embedding-3-small", input="hi").data
+        # Its management API is alice's: bob's data is another user's.
+        with httpx.Client(base_url=proxy, headers={"authorization": f"Bearer {ALICE_KEY}"}) as http:
+            listed = http.get("/memory/conversations").json()["data"]
+            assert listed and {c["user"] for c in listed} == {"alice"}
+            assert http.get("/memory/users/bob/export").status_code == 403
+            assert http.get("/memory/users/alice/export").json()["user"] == "alice"
+            assert http.delete("/memory/users/bob").status_code == 403
+            assert http.delete("/memory/users/alice").status_code == 200  # (its own: erased)
+            assert http.get("/memory/conversations").json()["data"] == []
 
 
 def test_token_mode_takes_the_user_from_a_signed_token(proxy: str) -> None:
-    def client(token: str | None = None, **headers: str) -> openai.OpenAI:
-        if token is not None:
-            headers["X-Memory-User-Token"] = token
-        return openai.OpenAI(
-            base_url=proxy, api_key=APP_KEY, max_retries=0, default_headers=headers
-        )
+    with contextlib.ExitStack() as opened:  # (every client closed at the end)
 
-    carol = client(user_token("carol"))
-    carol.chat.completions.create(model="m", messages=MESSAGES, user="mallory")
-    stream = carol.chat.completions.create(model="m", messages=MESSAGES, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    carol.responses.create(model="m", input="hi")
-    mine = {"authorization": f"Bearer {APP_KEY}", "X-Memory-User-Token": user_token("carol")}
-    with httpx.Client(base_url=proxy, headers=mine) as http:
-        listed = http.get("/memory/conversations").json()["data"]
-        assert listed and {c["user"] for c in listed} == {"carol"}  # (not mallory)
-        assert http.get("/memory/users/mallory/export").status_code == 403
-    failures = {
-        "no token": client(),
-        "expired": client(user_token("carol", lifetime=-120)),
-        "another tenant's": client(user_token("carol", OTHER_SECRET)),
-        "unsigned": client(user_token("carol")[: -len("signature")] + "x" * 9),
-    }
-    for name, bad in failures.items():
-        with pytest.raises(openai.AuthenticationError) as refused:
-            bad.chat.completions.create(model="m", messages=MESSAGES)
-        assert refused.value.code == "invalid_user_token", name
-    with pytest.raises(openai.BadRequestError) as header:
-        client(user_token("carol"), **{"X-Memory-User-Id": "carol"}).models.list()
-    assert header.value.code == "user_header_not_accepted"
+        def client(token: str | None = None, **headers: str) -> openai.OpenAI:
+            if token is not None:
+                headers["X-Memory-User-Token"] = token
+            made = openai.OpenAI(
+                base_url=proxy, api_key=APP_KEY, max_retries=0, default_headers=headers
+            )
+            return opened.enter_context(made)
+
+        carol = client(user_token("carol"))
+        carol.chat.completions.create(model="m", messages=MESSAGES, user="mallory")
+        stream = carol.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        carol.responses.create(model="m", input="hi")
+        mine = {"authorization": f"Bearer {APP_KEY}", "X-Memory-User-Token": user_token("carol")}
+        with httpx.Client(base_url=proxy, headers=mine) as http:
+            listed = http.get("/memory/conversations").json()["data"]
+            assert listed and {c["user"] for c in listed} == {"carol"}  # (not mallory)
+            assert http.get("/memory/users/mallory/export").status_code == 403
+        failures = {
+            "no token": client(),
+            "expired": client(user_token("carol", lifetime=-120)),
+            "another tenant's": client(user_token("carol", OTHER_SECRET)),
+            "unsigned": client(user_token("carol")[: -len("signature")] + "x" * 9),
+        }
+        for name, bad in failures.items():
+            with pytest.raises(openai.AuthenticationError) as refused:
+                bad.chat.completions.create(model="m", messages=MESSAGES)
+            assert refused.value.code == "invalid_user_token", name
+        with pytest.raises(openai.BadRequestError) as header:
+            client(user_token("carol"), **{"X-Memory-User-Id": "carol"}).models.list()
+        assert header.value.code == "user_header_not_accepted"
 
 
 def test_a_browser_may_send_the_token_across_origins(proxy: str) -> None:

@@ -1,0 +1,105 @@
+"""Anthropic's Messages API, spoken natively through the app's shared httpx client.
+
+`base_url` is the API's root (default https://api.anthropic.com); requests go to
+`{base_url}/v1/messages` with the key as `x-api-key` and an `anthropic-version` (the client's,
+else DEFAULT_VERSION). This kind serves `POST /v1/messages` only: the OpenAI shapes on it (chat
+completions, the Responses API, memproxy's own model calls for intent, extraction and
+summaries) are not translated yet, and answer 404 `unsupported_endpoint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import httpx
+import msgspec
+
+from proxy.core.config import UpstreamConfig
+from proxy.core.errors import NotFound
+from proxy.upstream.base import UpstreamReply, model_list_reply, no_passthrough
+from proxy.upstream.openai import OpenAIUpstream
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+DEFAULT_VERSION = "2023-06-01"
+# The client's request headers the API reads, passed on.
+FORWARDED = ("anthropic-version", "anthropic-beta")
+
+
+class MessagesUpstream(Protocol):
+    """An upstream that speaks the Messages API itself."""
+
+    async def messages(
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        stream: bool,
+        sent: Callable[[], None] | None = None,
+    ) -> UpstreamReply:
+        """`POST /v1/messages` with `body`; `headers`: the client's anthropic-* headers."""
+        ...
+
+
+def no_openai_shape(name: str, what: str) -> NotFound:
+    return NotFound(
+        f"The anthropic upstream {name!r} serves the Messages API (POST /v1/messages) only; "
+        f"{what} on it needs an upstream of kind openai or litellm.",
+        code="unsupported_endpoint",
+    )
+
+
+class AnthropicUpstream(OpenAIUpstream):
+    """The HTTP mechanics are OpenAIUpstream's (timeouts, when the request went out,
+    redirects refused, transport errors mapped); the API and its key header are Anthropic's."""
+
+    kind = "anthropic"
+
+    def __init__(self, name: str, config: UpstreamConfig, client: httpx.AsyncClient) -> None:
+        super().__init__(name, config, client)
+        self._base = config.base_url or DEFAULT_BASE_URL
+        self._auth = {"x-api-key": config.api_key} if config.api_key else {}
+        self._models = config.models or []
+
+    async def messages(
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str],
+        *,
+        stream: bool,
+        sent: Callable[[], None] | None = None,
+    ) -> UpstreamReply:
+        out = {"content-type": "application/json", "anthropic-version": DEFAULT_VERSION}
+        out.update({k: headers[k] for k in FORWARDED if headers.get(k)})
+        out.update(self._auth)
+        if stream:
+            out["accept"] = "text/event-stream"
+        content = msgspec.json.encode(body)
+        reply = await self._send("POST", "/v1/messages", b"", out, content, stream, sent)
+        return self._readable(reply)
+
+    async def chat_completions(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        raise no_openai_shape(self.name, "POST /v1/chat/completions")
+
+    async def responses(
+        self, body: dict[str, Any], *, stream: bool, sent: Callable[[], None] | None = None
+    ) -> UpstreamReply:
+        raise no_openai_shape(self.name, "POST /v1/responses")
+
+    async def embeddings(self, body: dict[str, Any]) -> UpstreamReply:
+        raise no_openai_shape(self.name, "embeddings")
+
+    async def list_models(self) -> UpstreamReply:
+        return model_list_reply(self._models, "anthropic")
+
+    async def passthrough(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: Mapping[str, str],
+        body: bytes,
+    ) -> UpstreamReply:
+        raise no_passthrough(self.kind, self.name, method, path)
