@@ -22,6 +22,7 @@ import msgspec
 
 from proxy.core.errors import ProxyError
 from proxy.pipeline.wire import NeutralTurn, WholeReply
+from proxy.protocols import translated
 from proxy.protocols.anthropic.chat_stream import ChatToMessagesStream, encode_event
 from proxy.protocols.anthropic.from_chat import (
     as_error_body,
@@ -35,37 +36,20 @@ from proxy.protocols.anthropic.request import ParsedMessages, parse_messages
 from proxy.protocols.anthropic.to_chat import chat_request
 from proxy.upstream.anthropic import FORWARDED, MessagesUpstream
 from proxy.upstream.base import Upstream, UpstreamReply
-from proxy.upstream.sse import ReplyAssembler, error_text, event_data, reply_from_completion
+from proxy.upstream.sse import event_data, reply_from_completion
 
 # A Messages stream ends with this event: held back until the exchange is stored.
 END_MARKERS = (b"event: message_stop",)
 
 
-class TranslatedReader:
-    """A chat completion stream, read as the pipeline reads any chat stream, and given to the
-    client as the Messages event sequence."""
+class TranslatedReader(translated.TranslatedReader):
+    """A chat completion stream given to the client as the Messages event sequence."""
 
     end_markers = END_MARKERS
+    events: ChatToMessagesStream
 
     def __init__(self, model: str, message_id: str) -> None:
-        self.chat = ReplyAssembler()
-        self.events = ChatToMessagesStream(model, message_id)
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        return self.chat.error
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        return self.chat.usage
-
-    @property
-    def ended(self) -> bool:
-        return self.chat.done or bool(self.chat.finish_reason)
-
-    @property
-    def received_anything(self) -> bool:
-        return self.chat.received_anything
+        super().__init__(ChatToMessagesStream(model, message_id))
 
     @property
     def native(self) -> None:
@@ -75,33 +59,6 @@ class TranslatedReader:
         reply = stored_reply(self.chat.message())
         assert reply is not None
         return reply
-
-    def read(self, raw: bytes, *, fold: bool = True) -> bytes:
-        payload = event_data(raw)
-        if payload is None:
-            return b""  # (a comment or keep-alive)
-        # Folded first: a chunk it cannot fold in (NotUnderstood) is not translated either.
-        self.chat.add(payload, fold=fold)
-        out = self.events.start()
-        if payload == b"[DONE]":
-            return out + self.events.finish()
-        try:
-            chunk = msgspec.json.decode(payload)
-        except (ValueError, RecursionError):
-            chunk = None
-        if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-            out += self.events.fail(error_text(chunk["error"]))
-        elif isinstance(chunk, dict):
-            out += self.events.feed(chunk)
-        return out
-
-    def unread(self, raw: bytes) -> bytes:
-        """A chat chunk not understood is nothing a Messages client could read."""
-        return b""
-
-    def close(self) -> bytes:
-        """The upstream's stream ended without `[DONE]`: the message ends all the same."""
-        return self.events.finish()
 
     def failed(self, error: ProxyError) -> bytes:
         return self.events.start() + self.events.fail(error.message, error.status)

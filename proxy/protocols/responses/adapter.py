@@ -25,6 +25,7 @@ import msgspec
 
 from proxy.core.errors import BadRequest, ProxyError
 from proxy.pipeline.wire import NeutralTurn, WholeReply
+from proxy.protocols import translated
 from proxy.protocols.responses.chat_stream import ChatToResponsesStream, encode_event
 from proxy.protocols.responses.from_chat import response_from_chat
 from proxy.protocols.responses.items import (
@@ -38,7 +39,7 @@ from proxy.protocols.responses.observe import ResponsesAssembler, observe_body
 from proxy.protocols.responses.stored import new_response_id, response_record
 from proxy.protocols.responses.to_chat import chat_request
 from proxy.upstream.base import Upstream, UpstreamReply
-from proxy.upstream.sse import ReplyAssembler, error_text, event_data, reply_from_completion
+from proxy.upstream.sse import event_data, reply_from_completion
 from storage.records import KEPT_ITEMS, ResponseRecord
 
 # Output items the reply message holds (the others are kept beside it).
@@ -51,68 +52,18 @@ END_MARKERS = (
 )
 
 
-class TranslatedReader:
-    """A chat completion stream, read as the pipeline reads any chat stream, and given to the
-    client as the Responses event sequence."""
+class TranslatedReader(translated.TranslatedReader):
+    """A chat completion stream given to the client as the Responses event sequence."""
 
     end_markers = END_MARKERS
+    events: ChatToResponsesStream
 
     def __init__(self, request: dict[str, Any], response_id: str, created_at: int) -> None:
-        self.chat = ReplyAssembler()
-        self.events = ChatToResponsesStream(request, response_id, created_at)
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        return self.chat.error
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        return self.chat.usage
-
-    @property
-    def ended(self) -> bool:
-        return self.chat.done or bool(self.chat.finish_reason)
-
-    @property
-    def received_anything(self) -> bool:
-        return self.chat.received_anything
+        super().__init__(ChatToResponsesStream(request, response_id, created_at))
 
     @property
     def native(self) -> dict[str, Any] | None:
         return self.events.response
-
-    def message(self) -> dict[str, Any]:
-        return self.chat.message()
-
-    def read(self, raw: bytes, *, fold: bool = True) -> bytes:
-        payload = event_data(raw)
-        if payload is None:
-            return b""  # (a comment or keep-alive: the Responses stream has none)
-        # Folded first: a chunk it cannot fold in (NotUnderstood) is not translated either.
-        self.chat.add(payload, fold=fold)
-        out = self.events.start()
-        if payload == b"[DONE]":
-            return out + self.events.finish()
-        try:
-            chunk = msgspec.json.decode(payload)
-        except (ValueError, RecursionError):
-            chunk = None
-        if isinstance(chunk, dict) and isinstance(chunk.get("error"), dict):
-            out += self.events.fail(error_text(chunk["error"]))
-        elif chunk is not None:
-            out += self.events.feed(chunk)
-        return out
-
-    def unread(self, raw: bytes) -> bytes:
-        """A chat chunk not understood is nothing a Responses client could read."""
-        return b""
-
-    def close(self) -> bytes:
-        """The upstream's stream ended without its end marker: the response ends all the same."""
-        return self.events.finish()
-
-    def failed(self, error: ProxyError) -> bytes:
-        return self.events.start() + self.events.fail(error.message)
 
 
 class NativeReader:
