@@ -148,7 +148,7 @@ class EmbeddingBacklog:
         def queue(conn: Connection) -> int:
             at = datetime.now(UTC)
             return sum(
-                queue_memories(conn, tenant_id, m.user_id, f"catch-up:{m.first_pk}", now=at)
+                queue_memories(conn, tenant_id, m.user_id, f"catch-up:{m.first_id}", now=at)
                 for m in memories
             ) + sum(
                 queue_passages(

@@ -91,11 +91,13 @@ def queue_passages(
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """An item to embed: its pk, where it is (a passage's seq), and its text."""
+    """An item to embed: its pk, where it is (a passage's seq), its text, and its public id
+    (a memory's: what names the job that goes on after it)."""
 
     pk: int
     seq: int
     text: str
+    id: str = ""
 
 
 class _ItemEmbedder(ABC):
@@ -174,7 +176,7 @@ class MemoryEmbedder(_ItemEmbedder):
 
     def pending(self, conn: Connection, job: JobRecord, model: str) -> list[Pending]:
         found = MemoryVectors(conn).unembedded(job.tenant_id, job.user_id, model, limit=CHUNK)
-        return [Pending(m.pk, 0, m.text) for m in found]
+        return [Pending(m.pk, 0, m.text, m.id) for m in found]
 
     def store(self, conn: Connection, job: JobRecord, model: str, rows: Sequence[NewVector]) -> int:
         stored = MemoryVectors(conn).store(job.tenant_id, job.user_id, model, rows, now=_now())
@@ -182,8 +184,9 @@ class MemoryEmbedder(_ItemEmbedder):
         return stored
 
     def queue_rest(self, conn: Connection, job: JobRecord, last: Pending) -> None:
-        # (Named by where it goes on: memory pks are the tenant's, never reused.)
-        queue_memories(conn, job.tenant_id, job.user_id, f"after:{last.pk}", now=_now())
+        # (Named by where it goes on: memory ids are random, never reused; a row's pk would
+        # tell how many memories all tenants have.)
+        queue_memories(conn, job.tenant_id, job.user_id, f"after:{last.id}", now=_now())
 
 
 class PassageEmbedder(_ItemEmbedder):

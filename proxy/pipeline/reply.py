@@ -144,7 +144,10 @@ def finish_in(
             "through_seq": turn.summarize_through,
             "exchange_id": turn.request_id,
         }
-        ref = f"{conv.pk}:{turn.summarize_through}"
+        # Named by the conversation's id and when it began (an id may be used again once
+        # its conversation is deleted), not its row's pk: job subjects are shown to clients.
+        began = int(conv.created_at.timestamp() * 1_000_000)
+        ref = f"{conv.id}@{began}:{turn.summarize_through}"
         Jobs(conn).enqueue(turn.tenant_id, turn.user_id, SUMMARIZE, ref, now=now(), payload=payload)
 
 

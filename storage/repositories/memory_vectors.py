@@ -25,16 +25,17 @@ R = MEMORIES
 @dataclass(frozen=True, slots=True)
 class UnembeddedMemory:
     pk: int
+    id: str  # (the memory's public id)
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryBacklog:
-    """A user's memories without a vector of the model asked about: the first one's pk, and
+    """A user's memories without a vector of the model asked about: the first one's id, and
     how many."""
 
     user_id: str
-    first_pk: int
+    first_id: str
     count: int
 
 
@@ -46,7 +47,7 @@ class MemoryVectors(UserVectors):
     ) -> list[UnembeddedMemory]:
         """The user's memories without a `model` vector, oldest first."""
         rows = self.conn.execute(
-            select(R.c.pk, R.c.text)
+            select(R.c.pk, R.c.id, R.c.text)
             .where(
                 R.c.tenant_id == tenant_id,
                 R.c.user_id == user_id,
@@ -55,7 +56,7 @@ class MemoryVectors(UserVectors):
             .order_by(R.c.pk)
             .limit(limit)
         )
-        return [UnembeddedMemory(r.pk, r.text) for r in rows]
+        return [UnembeddedMemory(r.pk, r.id, r.text) for r in rows]
 
     def backlog(self, tenant_id: str, model: str, *, except_user: str) -> list[MemoryBacklog]:
         """The tenant's users (but `except_user`) with memories that have no `model` vector."""
@@ -69,7 +70,15 @@ class MemoryVectors(UserVectors):
             .group_by(R.c.user_id)
             .order_by(R.c.user_id)
         )
-        return [MemoryBacklog(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+        counted = [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
+        ids = dict(
+            self.conn.execute(
+                select(R.c.pk, R.c.id).where(
+                    R.c.tenant_id == tenant_id, R.c.pk.in_([pk for _, pk, _ in counted])
+                )
+            ).all()
+        )
+        return [MemoryBacklog(user, ids[pk], count) for user, pk, count in counted]
 
     def store(
         self,
