@@ -24,3 +24,10 @@ class RetryPolicy:
         if attempts >= self.max_attempts:
             return None
         return now + self.delay(attempts)
+
+
+def conversation_subject(conversation_id: str, began: datetime) -> str:
+    """How a job's subject names the conversation it is about: its id and when it began (an id
+    may be used again once its conversation is deleted), not its row's key, which would tell
+    a client how many conversations all tenants have."""
+    return f"{conversation_id}@{int(began.timestamp() * 1_000_000)}"

@@ -21,6 +21,7 @@ from functools import partial
 import structlog
 from sqlalchemy import Connection
 
+from policies.jobs import conversation_subject
 from proxy.accounting.metrics import Metrics
 from proxy.background.embedding_items import queue_memories, queue_passages
 from proxy.background.embedding_jobs import queue_range
@@ -125,6 +126,7 @@ class EmbeddingBacklog:
                 b.conversation_pk,
                 b.first_seq,
                 None,
+                subject=conversation_subject(b.conversation_id, b.conversation_began),
                 now=at,
                 name="catch-up",
             )

@@ -48,22 +48,29 @@ def queue_range(
     first_seq: int,
     last_seq: int | None,
     *,
+    subject: str,
     now: datetime,
     name: str = "range",
 ) -> bool:
     """Queue embedding of a conversation's messages from `first_seq` to `last_seq` (None: to
-    its end), in the caller's transaction. The job is named by its whole range: a range
-    queued again (a retried import) is queued once, and one that starts where another
-    ended (an append after an import's last chunk) is a job of its own. (`name`: the
-    catch-up's ranges are named apart, so one is never taken for a range done earlier.)"""
+    its end), in the caller's transaction. The job is named by the conversation (`subject`:
+    `conversation_subject`) and its whole range: a range queued again (a retried import) is
+    queued once, and one that starts where another ended (an append after an import's last
+    chunk) is a job of its own. (`name`: the catch-up's ranges are named apart, so one is
+    never taken for a range done earlier.)"""
     end = "" if last_seq is None else last_seq
     return Jobs(conn).enqueue(
         tenant_id,
         user_id,
         EMBED_JOB_KIND,
-        f"{name}:{conversation_pk}:{first_seq}-{end}",
+        f"{name}:{subject}:{first_seq}-{end}",
         now=now,
-        payload={"conversation_pk": conversation_pk, "first_seq": first_seq, "last_seq": last_seq},
+        payload={
+            "conversation_pk": conversation_pk,
+            "subject": subject,
+            "first_seq": first_seq,
+            "last_seq": last_seq,
+        },
     )
 
 
@@ -146,6 +153,8 @@ class MessageEmbedder:
                     last.conversation_pk,
                     last.seq + 1,
                     through,
+                    # (a job queued before subjects named conversations: its pk, as it did)
+                    subject=str(payload.get("subject") or last.conversation_pk),
                     now=_now(),
                 )
                 result["continued_from"] = last.seq + 1

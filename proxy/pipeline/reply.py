@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 
 from policies.extraction import JOB_KIND as EXTRACTION
 from policies.identity import chain_next
+from policies.jobs import conversation_subject
 from policies.summaries import JOB_KIND as SUMMARIZE
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from proxy.core.requests import reply_problem
@@ -144,10 +145,7 @@ def finish_in(
             "through_seq": turn.summarize_through,
             "exchange_id": turn.request_id,
         }
-        # Named by the conversation's id and when it began (an id may be used again once
-        # its conversation is deleted), not its row's pk: job subjects are shown to clients.
-        began = int(conv.created_at.timestamp() * 1_000_000)
-        ref = f"{conv.id}@{began}:{turn.summarize_through}"
+        ref = f"{conversation_subject(conv.id, conv.created_at)}:{turn.summarize_through}"
         Jobs(conn).enqueue(turn.tenant_id, turn.user_id, SUMMARIZE, ref, now=now(), payload=payload)
 
 

@@ -14,6 +14,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
+from policies.jobs import conversation_subject
 from proxy.background.embedding_jobs import queue_range
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, Conflict, NotFound
@@ -86,6 +87,7 @@ def queue_embedding(
             conversation.pk,
             first_seq,
             conversation.next_seq - 1,
+            subject=conversation_subject(conversation.id, conversation.created_at),
             now=now(),
         )
 

@@ -17,7 +17,8 @@ from sqlalchemy import Connection, Table, and_, delete, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from storage.models import MESSAGE_VECTORS, MESSAGES
+from storage.models import CONVERSATIONS, MESSAGE_VECTORS, MESSAGES
+from storage.repositories.rows import utc
 
 V = MESSAGE_VECTORS
 M = MESSAGES
@@ -42,6 +43,8 @@ class Backlog:
     conversation_pk: int
     first_seq: int
     count: int
+    conversation_id: str
+    conversation_began: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +169,17 @@ class MessageVectors(UserVectors):
     def backlog(self, tenant_id: str, model: str, *, except_user: str) -> list[Backlog]:
         """The tenant's conversations with searchable messages not embedded by `model` (of
         every user but `except_user`), oldest conversation first."""
+        C = CONVERSATIONS
         rows = self.conn.execute(
-            select(M.c.user_id, M.c.conversation_pk, func.min(M.c.seq), func.count())
+            select(
+                M.c.user_id,
+                M.c.conversation_pk,
+                func.min(M.c.seq),
+                func.count(),
+                C.c.id,
+                C.c.created_at,
+            )
+            .join(C, C.c.pk == M.c.conversation_pk)
             .where(
                 M.c.tenant_id == tenant_id,
                 M.c.user_id != except_user,
@@ -175,10 +187,10 @@ class MessageVectors(UserVectors):
                 M.c.search_text.is_not(None),
                 ~exists().where(V.c.message_pk == M.c.pk, V.c.model == model),
             )
-            .group_by(M.c.user_id, M.c.conversation_pk)
+            .group_by(M.c.user_id, M.c.conversation_pk, C.c.id, C.c.created_at)
             .order_by(M.c.conversation_pk)
         )
-        return [Backlog(r[0], int(r[1]), int(r[2]), int(r[3])) for r in rows]
+        return [Backlog(r[0], int(r[1]), int(r[2]), int(r[3]), str(r[4]), utc(r[5])) for r in rows]
 
     def store(
         self,

@@ -54,6 +54,9 @@ def test_message_and_job_ids_are_opaque_and_old_ids_still_work(
         until(lambda: bool(jobs()), "an embedding job")
         [job] = jobs()[:1]
         assert OPAQUE.fullmatch(job["id"]), job["id"]
+        # Its subject names the conversation by its id and start, not by its row's key
+        # (`range:1:1-4` before).
+        assert re.fullmatch(r"range:c@[0-9]{16}:[0-9]+-[0-9]+", job["subject"]), job["subject"]
         assert client.get(f"/v1/memory/jobs/{job['id']}").json()["id"] == job["id"]
         old = client.get("/v1/memory/jobs/job_1")  # (the first job of a fresh database)
         assert old.status_code == 200 and old.json()["id"] == job["id"]
