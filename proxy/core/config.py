@@ -16,9 +16,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from policies.intent_labels import DEFAULT_LABELS, OTHER
+from proxy.core.config_identity import DOT_SEGMENTS as DOT_SEGMENTS
+from proxy.core.config_identity import ApiKeyConfig as ApiKeyConfig
 from proxy.core.config_identity import IdentityConfig as IdentityConfig  # (one of the models)
+from proxy.core.config_identity import Scope as Scope
 
-Scope = Literal["chat", "manage"]
 ResponsesMode = Literal["native", "translate"]
 ALL_SCOPES: frozenset[Scope] = frozenset({"chat", "manage"})
 
@@ -385,14 +387,6 @@ class TenantSettings(_Strict):
     # search index, vectors, attachments, summaries), with exchange records as old and
     # memories neither pinned, changed nor used since. null: kept until deleted.
     retention_days: float | None = Field(None, gt=0)
-
-
-class ApiKeyConfig(_Strict):
-    key: str = Field(min_length=1)
-    scopes: list[Scope] = ["chat", "manage"]
-    # The one user this key acts as (docs/concepts/trust-model.md); null: any user the
-    # request names.
-    user: str | None = Field(None, min_length=1, max_length=256)
 
 
 class TenantConfig(TenantSettings):

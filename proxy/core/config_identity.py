@@ -1,4 +1,5 @@
-"""`tenants.<name>.identity`: where a tenant's users come from (docs/concepts/trust-model.md).
+"""`tenants.<name>.api_keys` and `.identity`: who a key is and where a tenant's users come from
+(docs/concepts/trust-model.md).
 
 Part of the configuration's models (`proxy.core.config`), kept apart for its length.
 """
@@ -7,11 +8,37 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):  # (as proxy.core.config's)
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Scope = Literal["chat", "manage"]
+# User ids no route takes: path segments every URL client rewrites (RFC 3986 section 5.2.4;
+# "%2E" too, by the WHATWG URL standard), so a user so named could never be reached at
+# /v1/memory/users/{user_id}.
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+class ApiKeyConfig(_Strict):
+    key: str = Field(min_length=1)
+    scopes: list[Scope] = ["chat", "manage"]
+    # The one user this key acts as (docs/concepts/trust-model.md); null: any user the
+    # request names.
+    user: str | None = Field(None, min_length=1, max_length=256)
+
+    @field_validator("user")
+    @classmethod
+    def _a_user_id(cls, user: str | None) -> str | None:
+        """What every route takes as a user id (proxy/core/requests.check_user_id)."""
+        if user is not None and (not user.strip() or "\x00" in user or user in DOT_SEGMENTS):
+            raise ValueError(
+                "a user id must not be blank, hold NUL, or be '.' or '..' (URL clients rewrite "
+                "those, so the user's export and erasure could not be reached)"
+            )
+        return user
 
 
 # The algorithms a user token may be signed with ("none" is never one of them).

@@ -11,6 +11,7 @@ import msgspec
 from litestar import Request
 
 from proxy.core.access import request_info
+from proxy.core.config import DOT_SEGMENTS
 from proxy.core.errors import BadRequest, PayloadTooLarge
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -101,9 +102,6 @@ def header_value(headers: Mapping[str, str], name: str) -> str | None:
 
 
 MAX_USER_ID = 256  # characters, as OpenAI's `user`
-# Path segments every URL client rewrites (RFC 3986 section 5.2.4; "%2E" too, by the WHATWG URL
-# standard): a user so named could never be reached at /v1/memory/users/{user_id}.
-DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def check_user_id(value: Any, param: str = "user", *, stored_before: bool = False) -> str:

@@ -17,10 +17,9 @@ from typing import Any
 
 import jwt
 
-from proxy.core.config import ConfigError
+from proxy.core.config import DOT_SEGMENTS, ConfigError
 from proxy.core.config_identity import IdentityConfig
 from proxy.core.errors import AuthenticationFailed
-from proxy.core.requests import DOT_SEGMENTS
 
 REQUIRED_CLAIMS = ("exp", "sub")
 
