@@ -234,6 +234,7 @@ class VectorIndex:
             if kept is not None:
                 self._users.move_to_end(key)
         at = self._clock()
+        new: Sequence[StoredVector] | None = None  # (read once, in this snapshot)
         if kept is not None and at - kept.verified_at < self.verify_seconds:
             last_pk = repo.newest(tenant_id, user_id, model)
             if last_pk == kept.last_pk:
@@ -251,7 +252,8 @@ class VectorIndex:
         if kept is not None and kept.count == count and kept.last_pk == last_pk:
             return self._keep(key, replace(kept, verified_at=at))
         if kept is not None and last_pk > kept.last_pk:
-            new = repo.load(tenant_id, user_id, model, after_pk=kept.last_pk)
+            if new is None:
+                new = repo.load(tenant_id, user_id, model, after_pk=kept.last_pk)
             if kept.count + len(new) == count:
                 return self._keep(key, self._appended(kept, new, count, last_pk, at))
         self.loads += 1
