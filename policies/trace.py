@@ -65,11 +65,6 @@ def with_public_ids(value: Any, public: Callable[[int], str], key: str = "") -> 
     return value
 
 
-def size_of(trace: Trace) -> int:
-    """A trace's size as stored (compact JSON, UTF-8)."""
-    return len(json.dumps(trace, separators=(",", ":"), default=str).encode())
-
-
 def _cut_text(trace: Trace) -> bool:
     messages = trace.get("context", {}).get("messages")
     if not messages:
@@ -142,18 +137,22 @@ CUTS: tuple[tuple[str, Callable[[Trace], bool]], ...] = (
 )
 
 
-def bounded(trace: Trace, level: TraceLevel, max_bytes: int | None = None) -> Trace:
-    """`trace` (modified in place) within its level's size: what had to be cut is named in
-    `truncated` (False: nothing), and `bytes` is its size as stored."""
+def serialized(trace: Trace) -> str:
+    """A trace as stored: compact JSON, ASCII (so its length is its size in bytes)."""
+    return json.dumps(trace, separators=(",", ":"), default=str)
+
+
+def bounded(trace: Trace, level: TraceLevel, max_bytes: int | None = None) -> dict[str, Any]:
+    """`trace` (cut in place) within its level's size, as stored: `text` (its JSON, made
+    once), `size` (bytes), `truncated` (what had to be cut, in order; empty: nothing) and
+    `level`. Plain data: it travels in the spill as it is."""
     limit = MAX_BYTES[level] if max_bytes is None else max_bytes
     cut: list[str] = []
-    size = size_of(trace)
+    text = serialized(trace)
     for name, step in CUTS:
-        if size <= limit:
+        if len(text) <= limit:
             break
         if step(trace):
             cut.append(name)
-            size = size_of(trace)
-    trace["truncated"] = cut or False
-    trace["bytes"] = size
-    return trace
+            text = serialized(trace)
+    return {"level": level, "size": len(text), "truncated": cut, "text": text}

@@ -110,6 +110,7 @@ async def test_the_trace_shows_what_recall_found_ranked_and_packed(
     trace = response.json()
     assert trace["object"] == "memory.exchange.trace" and trace["id"] == request_id
     assert trace["level"] == "summary" and trace["truncated"] is False
+    assert 0 < trace["bytes"] < 16_000
     assert trace["user"] == "alice" and trace["status"] == "complete"
     recall = trace["recall"]
     assert "beagle" in recall["terms"] and recall["hits"]["full_text"] > 0
