@@ -71,11 +71,11 @@ def test_a_stored_trace_names_message_rows_the_api_shows_as_public_ids() -> None
             "parts": [{"section": "history", "messages": {"items": [3, 4]}, "positions": [1, 2]}],
             "messages": [{"section": "history", "position": 1, "role": "user", "content": "5"}],
         },
-        "recall": {"candidates": [{"message": 7, "seq": 2, "hit": True}], "packed": {"items": [7]}},
+        "recall": {"candidates": [{"message": 7, "seq": 2, "hit": True}], "packed": 1},
     }
     shown = with_public_ids(stored, lambda pk: f"msg_{pk}")
     assert shown["context"]["parts"][0]["messages"]["items"] == ["msg_3", "msg_4"]
     assert shown["context"]["parts"][0]["positions"] == [1, 2]
     assert shown["recall"]["candidates"] == [{"message": "msg_7", "seq": 2, "hit": True}]
-    assert shown["recall"]["packed"]["items"] == ["msg_7"]
-    assert stored["recall"]["packed"]["items"] == [7]  # (the stored one untouched)
+    assert shown["recall"]["packed"] == 1  # (a count, not a row)
+    assert stored["recall"]["candidates"][0]["message"] == 7  # (the stored one untouched)
