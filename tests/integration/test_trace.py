@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -17,6 +18,8 @@ from policies.trace import MAX_BYTES
 from proxy.core.config import ApiKeyConfig, Config, ContextSettings, UpstreamConfig
 from tests.conftest import KEY, OTHER_TENANT_KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI
+from tests.integration.test_degraded import OPEN, eventually, has, on_sqlite, say, sqlite_locked
+from tests.integration.test_degraded import sdk as degraded_sdk
 
 MODEL = "gpt-4o-mini"
 BOB_KEY = "bob-key"
@@ -256,3 +259,21 @@ async def test_another_user_or_tenant_cannot_read_a_trace_or_message(
         for unknown in ("msg_bbbbbbbbbbbbbbb", "msg_x", "42"):
             assert (await api.get(f"/messages/{unknown}")).status_code == 404
         assert (await api.get("/exchanges/nope/trace")).status_code == 404
+
+
+async def test_a_turn_answered_while_storage_was_away_keeps_its_trace_through_the_spill(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy, tmp_path: Path
+) -> None:
+    settings, spill, db = on_sqlite(fake_upstream[1], tmp_path)
+    base = serve_proxy(settings)
+    async with degraded_sdk(base) as client:
+        await say(client, "before")
+        await eventually(lambda: has(base, 2))  # (its reply is written after the response)
+        with sqlite_locked(db):
+            _, headers = await say(client, "slow")
+            assert headers["x-memory-status"] == "degraded"
+        await eventually(lambda: has(base, 4, spill))
+    response = await trace_of(base.removesuffix("/v1"), headers["x-request-id"], OPEN)
+    assert response.status_code == 200, response.text
+    (degraded,) = response.json()["degraded"]
+    assert degraded["part"] == "storage" and degraded["reason"].startswith("timeout")
