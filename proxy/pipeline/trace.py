@@ -42,12 +42,12 @@ class TraceRecorder:
         self.sections: dict[str, dict[str, Any]] = {}
         self.budget: dict[str, Any] = {}
         self.intent: dict[str, Any] | None = None
-        self._recall: Recall | None = None
-        self._recall_shown = False  # the recall section went out (not dropped for the window)
-        self._documents: list[str] = []  # the keys of the documents that went in
-        self._added: list[Added] = []
-        self._placement: str | None = None
-        self._context_tokens = 0
+        self.recall: Recall | None = None
+        self.recall_shown = False  # the recall section went out (not dropped for the window)
+        self.documents: list[str] = []  # the keys of the documents that went in
+        self.added: list[Added] = []
+        self.placement: str | None = None
+        self.context_tokens = 0
         self._built: dict[str, Any] | None = None
 
     @classmethod
@@ -108,10 +108,10 @@ class TraceRecorder:
         if not self.on:
             return
         chosen = list(offered[len(offered) - assembly.history_messages :]) if assembly else []
-        self._placement = placement if assembly else None
-        self._context_tokens = assembly.context_tokens if assembly else 0
-        self._recall = recall
-        shown = self._recall_shown = bool(assembly and assembly.recalled)
+        self.placement = placement if assembly else None
+        self.context_tokens = assembly.context_tokens if assembly else 0
+        self.recall = recall
+        shown = self.recall_shown = bool(assembly and assembly.recalled)
         summarized = bool(assembly and assembly.summarized)
         self.section(
             "history",
@@ -144,9 +144,9 @@ class TraceRecorder:
             texts[id(recall_text)] = "recall"
         for position, message in enumerate(assembly.messages):
             if id(message) in rows:
-                self._added.append(("history", position, message, rows[id(message)]))
+                self.added.append(("history", position, message, rows[id(message)]))
             elif message.get("role") == "system" and id(message.get("content")) in texts:
-                self._added.append((texts[id(message.get("content"))], position, message, 0))
+                self.added.append((texts[id(message.get("content"))], position, message, 0))
 
     def _memories_and_recall(self, recall: Recall, shown: bool) -> None:
         found = recall.trace
@@ -180,7 +180,7 @@ class TraceRecorder:
         record = attached.record(sent=shown)
         items = record["items"]
         chosen = [i["artifact"] for i in items if i["strategy"] != "exclude"]
-        self._documents = chosen
+        self.documents = chosen
         self.section(
             "documents",
             considered=len(items),
@@ -198,116 +198,120 @@ class TraceRecorder:
         if not self.on:
             return None
         if self._built is None:
-            self._built = bounded(self._trace(outcome), self.level)
+            self._built = bounded(_trace(self, outcome), self.level)
         return self._built
 
-    @staticmethod
-    def _id(pk: int) -> int | None:
-        """A stored message, by its row: the API shows its public id (`with_public_ids`)."""
-        return pk if pk > 0 else None
 
-    def _trace(self, outcome: Outcome) -> dict[str, Any]:
-        timings = dict(self.timings)
-        for name in ("overhead_ms", "upstream_ms", "ttft_ms", "latency_ms"):
-            value = getattr(outcome, name)
-            if value is not None:
-                timings[name] = round(value, 3)
-        trace: dict[str, Any] = {
-            "version": VERSION,
-            "level": self.level,
-            "budget": self.budget,
-            "context": self._context(),
-            "sections": self.sections,
-            "recall": self._recall_detail(),
-            "intent": self.intent,
-            "timings": timings,
-            "degraded": self.degraded,
+def _row(pk: int) -> int | None:
+    """A stored message, by its row: the API shows its public id (`with_public_ids`)."""
+    return pk if pk > 0 else None
+
+
+def _trace(rec: TraceRecorder, outcome: Outcome) -> dict[str, Any]:
+    timings = dict(rec.timings)
+    for name in ("overhead_ms", "upstream_ms", "ttft_ms", "latency_ms"):
+        value = getattr(outcome, name)
+        if value is not None:
+            timings[name] = round(value, 3)
+    trace: dict[str, Any] = {
+        "version": VERSION,
+        "level": rec.level,
+        "budget": rec.budget,
+        "context": _context(rec),
+        "sections": rec.sections,
+        "recall": _recall_detail(rec),
+        "intent": rec.intent,
+        "timings": timings,
+        "degraded": rec.degraded,
+    }
+    if outcome.bill is not None:
+        fields = outcome.bill.fields()
+        trace["usage"] = {
+            "prompt_tokens": fields.get("prompt_tokens"),
+            "completion_tokens": fields.get("completion_tokens"),
+            "estimated": fields.get("usage_estimated"),
         }
-        if outcome.bill is not None:
-            fields = outcome.bill.fields()
-            trace["usage"] = {
-                "prompt_tokens": fields.get("prompt_tokens"),
-                "completion_tokens": fields.get("completion_tokens"),
-                "estimated": fields.get("usage_estimated"),
-            }
-            trace["cost"] = {"upstream_usd": fields.get("cost_upstream_usd")}
-        return trace
+        trace["cost"] = {"upstream_usd": fields.get("cost_upstream_usd")}
+    return trace
 
-    def _context(self) -> dict[str, Any]:
-        """The context the proxy added: each part by reference (its source ids), and at level
-        `full` each message as it was sent."""
-        parts: list[dict[str, Any]] = []
-        history = [a for a in self._added if a[0] == "history"]
-        if history:
-            parts.append(
-                {
-                    "section": "history",
-                    "positions": [history[0][1], history[-1][1]],
-                    "messages": listed([self._id(pk) for _, _, _, pk in history]),
-                }
-            )
-        for section, position, _, _ in self._added:
-            if section == "summary":
-                detail = self.sections.get("summary", {}).get("detail") or {}
-                parts.append({"section": "summary", "position": position, "source": detail})
-            elif section == "recall":
-                parts.append({"section": "recall", "position": position, **self._sources()})
-        context: dict[str, Any] = {
-            "placement": self._placement,
-            "tokens": self._context_tokens,
-            "parts": parts,
-        }
-        if keeps_text(self.level):
-            context["messages"] = [
-                {"section": section, "position": position, **message}
-                for section, position, message, _ in self._added
-            ]
-        return context
 
-    def _sources(self) -> dict[str, Any]:
-        """Where the recall section's text came from: excerpts (message ids, by conversation),
-        memories and documents."""
-        recall = self._recall
-        if recall is None:
-            return {}
-        excerpts = [
+def _context(rec: TraceRecorder) -> dict[str, Any]:
+    """The context the proxy added: each part by reference (its source ids), and at level
+    `full` each message as it was sent."""
+    parts: list[dict[str, Any]] = []
+    history = [a for a in rec.added if a[0] == "history"]
+    if history:
+        parts.append(
             {
-                "conversation_id": e.turns[0].conversation,
-                "messages": [self._id(t.pk) for t in e.turns],
+                "section": "history",
+                "positions": [history[0][1], history[-1][1]],
+                "messages": listed([_row(pk) for _, _, _, pk in history]),
             }
-            for e in recall.excerpts
+        )
+    for section, position, _, _ in rec.added:
+        if section == "summary":
+            detail = rec.sections.get("summary", {}).get("detail") or {}
+            parts.append({"section": "summary", "position": position, "source": detail})
+        elif section == "recall":
+            parts.append({"section": "recall", "position": position, **_sources(rec)})
+    context: dict[str, Any] = {
+        "placement": rec.placement,
+        "tokens": rec.context_tokens,
+        "parts": parts,
+    }
+    if keeps_text(rec.level):
+        context["messages"] = [
+            {"section": section, "position": position, **message}
+            for section, position, message, _ in rec.added
         ]
-        return {
-            "excerpts": listed(excerpts),
-            "memories": listed([*recall.memories, *recall.known]),
-            "documents": listed(self._documents),
-        }
+    return context
 
-    def _recall_detail(self) -> dict[str, Any] | None:
-        """Recall's search: its terms, hits, and the best ranked candidates (packed or not)."""
-        recall = self._recall
-        found = recall.trace if recall is not None else None
-        if recall is None or found is None:
-            return None
-        packed = {t.pk for e in recall.excerpts for t in e.turns} if self._recall_shown else set()
-        return {
-            "terms": found.terms,
-            "semantic": found.semantic,
-            "hits": {"full_text": found.lexical_hits, "vector": found.vector_hits},
-            "ranked": found.ranked,
-            "candidates": [
-                {
-                    "message": self._id(pk),
-                    "conversation_id": conversation,
-                    "seq": seq,
-                    "role": role,
-                    "score": round(value, 6),
-                    "search_score": None if score is None else round(score, 6),
-                    "hit": hit,
-                    "tokens": tokens,
-                    "packed": pk in packed,
-                }
-                for pk, conversation, seq, role, value, score, hit, tokens in found.candidates
-            ],
-            "packed": len(packed),
+
+def _sources(rec: TraceRecorder) -> dict[str, Any]:
+    """Where the recall section's text came from: excerpts (message ids, by conversation),
+    memories and documents."""
+    recall = rec.recall
+    if recall is None:
+        return {}
+    excerpts = [
+        {
+            "conversation_id": e.turns[0].conversation,
+            "messages": [_row(t.pk) for t in e.turns],
         }
+        for e in recall.excerpts
+    ]
+    return {
+        "excerpts": listed(excerpts),
+        "memories": listed([*recall.memories, *recall.known]),
+        "documents": listed(rec.documents),
+    }
+
+
+def _recall_detail(rec: TraceRecorder) -> dict[str, Any] | None:
+    """Recall's search: its terms, hits, and the best ranked candidates (packed or not)."""
+    recall = rec.recall
+    found = recall.trace if recall is not None else None
+    if recall is None or found is None:
+        return None
+    packed = {t.pk for e in recall.excerpts for t in e.turns} if rec.recall_shown else set()
+    return {
+        "terms": found.terms,
+        "semantic": found.semantic,
+        "hits": {"full_text": found.lexical_hits, "vector": found.vector_hits},
+        "ranked": found.ranked,
+        "candidates": [
+            {
+                "message": _row(pk),
+                "conversation_id": conversation,
+                "seq": seq,
+                "role": role,
+                "score": round(value, 6),
+                "search_score": None if score is None else round(score, 6),
+                "hit": hit,
+                "tokens": tokens,
+                "packed": pk in packed,
+            }
+            for pk, conversation, seq, role, value, score, hit, tokens in found.candidates
+        ],
+        "packed": len(packed),
+    }
