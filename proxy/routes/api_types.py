@@ -302,6 +302,7 @@ class UserExportDocument(Struct, kw_only=True):
     conversations: list[ExportedConversation]
     memories: list[Memory]
     exchanges: list[dict[str, Any]]
+    traces: Annotated[list[dict[str, Any]], Meta(description="Each exchange's trace, as recorded.")]
     summaries: list[dict[str, Any]]
     jobs: list[Job]
     vectors: int

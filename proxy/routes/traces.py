@@ -66,6 +66,18 @@ def trace_object(ids: PublicIds, exchange: ExchangeRecord, found: TraceRecord) -
     }
 
 
+def stored_trace_object(ids: PublicIds, found: TraceRecord) -> dict[str, Any]:
+    """A trace as a user's export shows it: as recorded (the exchange is beside it)."""
+    return {
+        "id": found.request_id,
+        "object": "memory.exchange.trace",
+        "level": found.level,
+        "truncated": found.truncated or False,
+        "bytes": found.size,
+        **with_public_ids(found.trace, partial(ids.format, MESSAGE)),
+    }
+
+
 @get(
     "/v1/memory/exchanges/{request_id:str}/trace",
     summary="What the model saw and why: one exchange's trace",

@@ -60,23 +60,25 @@ def _upsert(insert: Any) -> Insert:
 
 
 _UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
-_GET = (
-    select(
-        T.c.request_id,
-        T.c.tenant_id,
-        E.c.user_id,
-        T.c.level,
-        T.c.size,
-        T.c.truncated,
-        T.c.trace,
-    )
-    .join(E, E.c.request_id == T.c.request_id)
-    .where(
-        T.c.tenant_id == bindparam("w_tenant"),
-        T.c.request_id == bindparam("w_request"),
-        E.c.tenant_id == bindparam("w_tenant"),
-    )
+_SELECT = select(
+    T.c.request_id,
+    T.c.tenant_id,
+    E.c.user_id,
+    T.c.level,
+    T.c.size,
+    T.c.truncated,
+    T.c.trace,
+).join(E, (E.c.request_id == T.c.request_id) & (E.c.tenant_id == T.c.tenant_id))
+_GET = _SELECT.where(
+    T.c.tenant_id == bindparam("w_tenant"), T.c.request_id == bindparam("w_request")
 )
+
+
+def _record(row: Any) -> TraceRecord:
+    values = dict(row._mapping)
+    values["trace"] = json.loads(values["trace"])
+    values["truncated"] = list(values["truncated"] or [])
+    return TraceRecord(**values)
 
 
 class Traces:
@@ -91,12 +93,17 @@ class Traces:
     def get(self, tenant_id: str, request_id: str) -> TraceRecord | None:
         """The trace of the tenant's exchange `request_id`, with the exchange's user."""
         row = self.conn.execute(_GET, {"w_tenant": tenant_id, "w_request": request_id}).first()
-        if row is None:
-            return None
-        values = dict(row._mapping)
-        values["trace"] = json.loads(values["trace"])
-        values["truncated"] = list(values["truncated"] or [])
-        return TraceRecord(**values)
+        return _record(row) if row is not None else None
+
+    def for_user(
+        self, tenant_id: str, user_id: str, *, limit: int, after: TraceRecord | None = None
+    ) -> list[TraceRecord]:
+        """A user's traces by request id, `limit` at a time (export)."""
+        query = _SELECT.where(T.c.tenant_id == tenant_id, E.c.user_id == user_id)
+        if after is not None:
+            query = query.where(T.c.request_id > after.request_id)
+        rows = self.conn.execute(query.order_by(T.c.request_id).limit(limit))
+        return [_record(row) for row in rows]
 
     def count(self, tenant_id: str, user_id: str | None = None) -> int:
         """How many traces the tenant (or one of its users) has."""

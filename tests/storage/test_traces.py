@@ -113,3 +113,21 @@ async def test_traces_go_with_their_exchanges_on_erasure_and_retention(db: Datab
     )
     assert deleted == 2
     assert await db.read(lambda conn: Traces(conn).count("t1")) == 0
+
+
+async def test_a_users_traces_are_read_in_pages_for_their_export(db: Database) -> None:
+    def work(conn: Connection) -> None:
+        repo = Exchanges(conn)
+        for n, user in enumerate(("alice", "alice", "bob", "alice")):
+            request_id = f"req_{n}"
+            repo.start(exchange(request_id, user=user))
+            repo.finish("t1", request_id, **finished(request_id, trace=trace(request_id)))
+
+    await db.write(work)
+    first = await db.read(lambda conn: Traces(conn).for_user("t1", "alice", limit=2))
+    rest = await db.read(
+        lambda conn: Traces(conn).for_user("t1", "alice", limit=2, after=first[-1])
+    )
+    assert [t.request_id for t in first + rest] == ["req_0", "req_1", "req_3"]
+    assert rest[-1].trace["recall"] == {"terms": ["req_3"]}
+    assert await db.read(lambda conn: Traces(conn).for_user("t2", "alice", limit=9)) == []
