@@ -277,3 +277,19 @@ async def test_a_turn_answered_while_storage_was_away_keeps_its_trace_through_th
     assert response.status_code == 200, response.text
     (degraded,) = response.json()["degraded"]
     assert degraded["part"] == "storage" and degraded["reason"].startswith("timeout")
+
+
+async def test_a_mode_off_turn_is_traced_with_nothing_added(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> None:
+    base = start(fake_upstream, serve_proxy)
+    await seed(base)
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0) as c:
+        raw = await c.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": QUESTION}],
+            extra_headers={"X-Memory-User-Id": "alice", "X-Memory-Mode": "off"},
+        )
+    trace = (await trace_of(base, raw.headers["x-request-id"])).json()
+    assert trace["mode"] == "off" and trace["context"]["parts"] == []
+    assert trace["recall"] is None and trace["intent"]["label"] == "question"
