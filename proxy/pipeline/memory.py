@@ -17,6 +17,7 @@ from proxy.core.config import ContextSettings
 from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
 from proxy.pipeline.reply import finish_in
 from proxy.pipeline.turn import (
+    HEAVY_TURN_MESSAGES,
     IntentOf,
     Mode,
     Outcome,
@@ -159,6 +160,7 @@ class ConversationMemory:
                         intent_of,
                     ),
                     tenant=tenant_id,
+                    large=len(messages) >= HEAVY_TURN_MESSAGES,
                 )
                 return turn
             except ConflictError:
