@@ -106,10 +106,11 @@ class Database:
             event.listen(self._async.sync_engine, "checkin", _postgres_checked_in)
             event.listen(self._async.sync_engine, "checkout", _postgres_checked_out)
 
-    async def write(self, work: Work[T], *, tenant: str | None = None) -> T:
+    async def write(self, work: Work[T], *, tenant: str | None = None, large: bool = False) -> T:
         """Run `work` in one transaction: committed when it returns, rolled back if it raises.
         Writes wait for a slot in `tenant`'s lane (storage/fair_slots.py): one tenant's many
-        writes do not hold up the others'.
+        writes do not hold up the others'. A `large` write first gives way to the small
+        writes on their way (FairSlots.expecting).
 
         A caller that stops waiting (a storage timeout, a cancelled request) abandons its
         write if the write has not begun yet: on SQLite, one still queued for the writer
@@ -117,7 +118,7 @@ class Database:
         comes, so a turn answered unstored (or refused) is not stored behind the caller's back.
         A write already running may still land."""
         if self.is_sqlite:
-            await self.write_slots.acquire(tenant)
+            await self.write_slots.acquire(tenant, large=large)
             loop = asyncio.get_running_loop()
             abandoned = threading.Event()
             try:
@@ -134,7 +135,7 @@ class Database:
             except asyncio.CancelledError:
                 abandoned.set()
                 raise
-        async with self.write_slots.slot(tenant):
+        async with self.write_slots.slot(tenant, large=large):
             with _translated():
                 async with self._async.begin() as conn:
                     return await conn.run_sync(work)

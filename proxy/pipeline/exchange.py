@@ -179,7 +179,8 @@ class TurnExchange:
                 async with self.services.heavy_turns.slot(req.tenant_id):
                     self.loaded = await load(req, self.inline)
             else:
-                with self.services.heavy_turns.ordinary():  # (heavy turns give way meanwhile)
+                # (large writes give way to it meanwhile)
+                with self.services.db.write_slots.expecting():
                     self.loaded = await load(req, self.inline)
         self.ledger.turn, self.ledger.spilled = self.loaded.turn, self.loaded.spilled
         with trace.timed("classify"):
