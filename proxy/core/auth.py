@@ -172,7 +172,8 @@ class KeyRing:
 
 
 def key_digest(key: str) -> str:
-    """How a key is held: its SHA-256 digest, in hex."""
+    """A presented key's SHA-256 digest, in hex: always hashed (a `sha256:<hex>` string is a
+    config's way to hold a key, never a key a caller may present)."""
     return hashlib.sha256(key.encode()).hexdigest()
 
 
