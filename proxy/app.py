@@ -63,7 +63,8 @@ from proxy.routes import attachments as attachments_routes
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
-from proxy.ui import TEMPLATES, routers as inspector
+from proxy.ui import TEMPLATES
+from proxy.ui import routers as inspector
 from storage import migrate
 from storage.database import Database
 from storage.repositories.system import SystemRepository

@@ -14,9 +14,9 @@ from policies.public_ids import JOB, PublicIds
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, Conflict, NotFound
 from proxy.core.json_responses import json_response
+from proxy.pipeline.turn import now
 from proxy.routes.api_types import Job, JobList
 from proxy.routes.params import limit_param, page, user_param
-from proxy.pipeline.turn import now
 from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.records import JobRecord

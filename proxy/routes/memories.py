@@ -266,7 +266,9 @@ async def delete_memory(
 
 async def remove(services: AppState, tenant_id: str, memory_id: str, user: str | None) -> None:
     """The memory deleted (of `user` only, when given); 404 if there is none."""
-    deleted = await services.db.write(lambda conn: Memories(conn).delete(tenant_id, memory_id, user))
+    deleted = await services.db.write(
+        lambda conn: Memories(conn).delete(tenant_id, memory_id, user)
+    )
     if not deleted:
         raise _not_found(memory_id)
 

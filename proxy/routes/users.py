@@ -16,10 +16,10 @@ from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from proxy.core.auth import Principal
+from proxy.core.errors import BadRequest
 from proxy.core.json_responses import json_response
 from proxy.core.user_paths import user_in_path
 from proxy.pipeline.turn import now
-from proxy.core.errors import BadRequest
 from proxy.routes.api_types import UserDeleted, UserList
 from proxy.routes.params import limit_param, page, user_param
 from proxy.routes.reference import api

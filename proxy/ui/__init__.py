@@ -14,8 +14,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import Router
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
-from litestar.middleware.csrf import CSRFMiddleware
 from litestar.middleware.base import DefineMiddleware
+from litestar.middleware.csrf import CSRFMiddleware
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
@@ -50,7 +50,6 @@ TEMPLATES: TemplateConfig[JinjaTemplateEngine] = TemplateConfig(
 def routers(server: ServerConfig) -> list[Router]:
     """`/ui`: its pages behind the session cookie and CSRF checks, and its stylesheet."""
     session_secret, csrf_secret = session.session_secrets(server)
-    handlers = {Exception: session.error_page, HTTPException: session.error_page}
     pages_router = Router(
         path="/ui",
         route_handlers=[
@@ -68,7 +67,8 @@ def routers(server: ServerConfig) -> list[Router]:
         ],
         before_request=session.refuse_other_origins,
         exception_handlers={
-            **handlers,
+            Exception: session.error_page,
+            HTTPException: session.error_page,
             ProxyError: session.error_page,
             session.NotSignedIn: session.to_sign_in,
         },

@@ -80,11 +80,19 @@ async def retry_job(
     return Redirect(f"/ui/jobs?retried={job_id}", status_code=303)
 
 
+def _spend(row: UsageTotals) -> float:
+    return row.cost_upstream_usd + row.cost_memory_usd
+
+
+def _tokens(row: UsageTotals) -> int:
+    return row.prompt_tokens + row.completion_tokens
+
+
 def _totals(rows: list[UsageTotals]) -> dict[str, Any]:
     return {
         "requests": sum(r.requests for r in rows),
-        "tokens": sum(r.prompt_tokens + r.completion_tokens for r in rows),
-        "cost": sum(r.cost_upstream_usd + r.cost_memory_usd for r in rows),
+        "tokens": sum(_tokens(r) for r in rows),
+        "cost": sum(_spend(r) for r in rows),
         "unpriced": sum(r.unpriced_requests for r in rows),
     }
 
@@ -109,10 +117,11 @@ async def usage_page(
         return {g: repo.usage(principal.tenant_id, start, end, g, principal.user) for g in groups}
 
     by = await services.db.read(work)
-    per_day = sorted(by["day"], key=lambda r: r.key or "")
-    spend = [(r.key or "", r.cost_upstream_usd + r.cost_memory_usd) for r in per_day]
-    tokens = [(r.key or "", float(r.prompt_tokens + r.completion_tokens)) for r in per_day]
-    per_model = [(r.key or "(none)", float(r.prompt_tokens + r.completion_tokens)) for r in by["model"]]
+    per_day = {r.key: r for r in by["day"]}
+    calendar = [(start + timedelta(days=i)).date().isoformat() for i in range(days + 1)]
+    spend = [(d, _spend(per_day[d]) if d in per_day else 0.0) for d in calendar]
+    tokens = [(d, float(_tokens(per_day[d])) if d in per_day else 0.0) for d in calendar]
+    per_model = [(r.key or "(none)", float(_tokens(r))) for r in by["model"]]
     return Template(
         "usage.html",
         context=context(
@@ -123,7 +132,7 @@ async def usage_page(
             end=end,
             only_user=principal.user,
             total=_totals(by["day"]),
-            spend_chart=bar_chart("Spend per day (USD)", spend, unit=" USD", digits=4),
+            spend_chart=bar_chart("Spend per day (USD)", spend, unit=" USD", digits=6),
             tokens_chart=bar_chart("Tokens per day", tokens, unit=" tokens"),
             model_chart=bar_chart("Tokens per model", per_model, unit=" tokens"),
             tables=[{"name": g, "rows": by[g]} for g in groups if g != "day"],

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-WIDTH, HEIGHT = 720, 220
-LEFT, BOTTOM, TOP = 64, 40, 16
+WIDTH, HEIGHT = 720, 200
+LEFT, RIGHT, BOTTOM, TOP = 110, 40, 36, 16
 
 
 def bar_chart(
@@ -18,19 +18,19 @@ def bar_chart(
     if not bars:
         return f"<figure><figcaption>{heading}: nothing in this period.</figcaption></figure>"
     top = max(value for _, value in bars) or 1.0
-    inner_w, inner_h = WIDTH - LEFT - 8, HEIGHT - BOTTOM - TOP
+    inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - BOTTOM - TOP
     step = inner_w / len(bars)
-    width = max(2.0, step * 0.7)
+    width = min(48.0, max(2.0, step * 0.7))
     shown = f"{{:,.{digits}f}}"
     parts = [
-        f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" aria-label="{heading}">',
-        f'<line class="axis" x1="{LEFT}" y1="{TOP + inner_h}" x2="{WIDTH - 8}" '
+        f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{heading}">',
+        f'<line class="axis" x1="{LEFT}" y1="{TOP + inner_h}" x2="{WIDTH - RIGHT}" '
         f'y2="{TOP + inner_h}"/>',
         f'<text x="{LEFT - 6}" y="{TOP + 4}" text-anchor="end">'
         f"{escape(shown.format(top))}{escape(unit)}</text>",
         f'<text x="{LEFT - 6}" y="{TOP + inner_h}" text-anchor="end">0</text>',
     ]
-    label_every = max(1, len(bars) // 10)  # at most about ten labels under the axis
+    label_every = -(-len(bars) // 7)  # at most seven labels under the axis
     for i, (label, value) in enumerate(bars):
         h = inner_h * value / top
         x = LEFT + i * step + (step - width) / 2
@@ -42,7 +42,7 @@ def bar_chart(
         if i % label_every == 0:
             parts.append(
                 f'<text x="{x + width / 2:.1f}" y="{HEIGHT - BOTTOM + 16}" '
-                f'text-anchor="middle">{escape(label[-14:])}</text>'
+                f'text-anchor="middle">{escape(label[-16:])}</text>'
             )
     parts.append("</svg>")
     return f"<figure>{''.join(parts)}<figcaption>{heading}</figcaption></figure>"

@@ -34,7 +34,9 @@ NOTICES = {
 
 def back_to_list(user: str, done: str, memory_id: str | None = None) -> Redirect:
     anchor = f"#{memory_id}" if memory_id else ""
-    return Redirect(f"/ui/memories?{urlencode({'user': user, 'done': done})}{anchor}", status_code=303)
+    return Redirect(
+        f"/ui/memories?{urlencode({'user': user, 'done': done})}{anchor}", status_code=303
+    )
 
 
 @get("/memories")

@@ -122,7 +122,9 @@ def message_text(m: MessageRecord) -> str:
     content = m.content
     if isinstance(content, list):
         pieces = [
-            part.get("text", "") if part.get("type") in ("text", "input_text") else f"[{part.get('type')}]"
+            part.get("text", "")
+            if part.get("type") in ("text", "input_text")
+            else f"[{part.get('type')}]"
             for part in content
             if isinstance(part, dict)
         ]
@@ -139,7 +141,11 @@ def message_text(m: MessageRecord) -> str:
 def exchange_view(x: ExchangeRecord) -> dict[str, Any]:
     """What the timeline shows of an exchange record."""
     attached = x.attached or {}
-    parts = [f"{value} {name}" for name, value in attached.items() if isinstance(value, int | float)]
+    parts = [
+        f"{name.replace('_', ' ')}: {value:g}"
+        for name, value in attached.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
     return {
         "request_id": x.request_id,
         "status": x.status,
@@ -151,12 +157,10 @@ def exchange_view(x: ExchangeRecord) -> dict[str, Any]:
         "intent_detail": x.intent_detail or {},
         "prompt_tokens": x.prompt_tokens,
         "completion_tokens": x.completion_tokens,
-        "cost": None
-        if x.cost_upstream_usd is None
-        else x.cost_upstream_usd + x.cost_memory_usd,
+        "cost": None if x.cost_upstream_usd is None else x.cost_upstream_usd + x.cost_memory_usd,
         "latency_ms": x.latency_ms,
         "overhead_ms": x.overhead_ms,
-        "attached_text": ", ".join(parts) or "nothing",
+        "attached_text": " · ".join(parts) or "nothing",
         "trace": None,
     }
 
@@ -183,7 +187,9 @@ async def conversation_page(
 
     def work(
         conn: Connection,
-    ) -> tuple[ConversationRecord, list[MessageRecord], dict[str, ExchangeRecord], list[AttachmentRecord]]:
+    ) -> tuple[
+        ConversationRecord, list[MessageRecord], dict[str, ExchangeRecord], list[AttachmentRecord]
+    ]:
         found = conversation_or_404(conn, principal.tenant_id, conversation_id, user=principal.user)
         rows = Conversations(conn).messages(
             principal.tenant_id, found.pk, after_seq=after_seq, limit=MESSAGES_PAGE + 1

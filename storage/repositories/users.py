@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, func, literal, select, union_all
+from sqlalchemy import ColumnElement, Connection, func, literal, select, union_all
 
 from storage.models import CONVERSATIONS, MEMORIES
 from storage.repositories.rows import utc
@@ -56,17 +56,20 @@ class Users:
             literal(1).label("memories"),
             R.c.updated_at.label("active"),
         ).where(R.c.tenant_id == tenant_id)
-        filters = []
-        if only is not None:
-            filters.append(lambda column: column == only)
-        if after is not None:
-            filters.append(lambda column: column > after)
-        if contains:
-            pattern = "%" + _LIKE_SPECIAL.sub(r"\\\1", contains.lower()) + "%"
-            filters.append(lambda column: func.lower(column).like(pattern, escape="\\"))
-        for keep in filters:
-            conversations = conversations.where(keep(C.c.user_id))
-            memories = memories.where(keep(R.c.user_id))
+
+        def kept(column: ColumnElement[str]) -> list[ColumnElement[bool]]:
+            conditions = []
+            if only is not None:
+                conditions.append(column == only)
+            if after is not None:
+                conditions.append(column > after)
+            if contains:
+                pattern = "%" + _LIKE_SPECIAL.sub(r"\\\1", contains.lower()) + "%"
+                conditions.append(func.lower(column).like(pattern, escape="\\"))
+            return conditions
+
+        conversations = conversations.where(*kept(C.c.user_id))
+        memories = memories.where(*kept(R.c.user_id))
         both = union_all(conversations, memories).subquery()
         query = (
             select(
