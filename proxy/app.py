@@ -56,6 +56,7 @@ from proxy.routes import (
     ops,
     reference,
     responses,
+    traces,
     usage,
     users,
 )
@@ -315,6 +316,7 @@ def create_app(
             attachments_routes.router(config.server),
             *jobs_routes.ROUTES,
             *usage.ROUTES,
+            *traces.ROUTES,
             limits_routes.get_limits,
             ops.healthz,
             ops.healthz_head,

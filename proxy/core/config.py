@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from policies.intent_labels import DEFAULT_LABELS, OTHER
+from policies.trace import TraceLevel
 from proxy.core.config_identity import DOT_SEGMENTS as DOT_SEGMENTS
 from proxy.core.config_identity import ApiKeyConfig as ApiKeyConfig
 from proxy.core.config_identity import IdentityConfig as IdentityConfig  # (one of the models)
@@ -390,6 +391,9 @@ class TenantSettings(_Strict):
     # search index, vectors, attachments, summaries), with exchange records as old and
     # memories neither pinned, changed nor used since. null: kept until deleted.
     retention_days: float | None = Field(None, gt=0)
+    # Each exchange's trace (what the model saw and why, docs/reference/trace.md): `summary`
+    # keeps the added context's parts by reference, `full` its text as sent, `off` nothing.
+    trace: Annotated[TraceLevel, Off] = "summary"
 
 
 class TenantConfig(TenantSettings):
