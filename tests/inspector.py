@@ -18,8 +18,10 @@ _TOKEN = re.compile(r'name="_csrf_token" value="([^"]+)"')
 
 
 def inspector_config(upstream_url: str) -> Config:
-    """make_config's tenants, t1 with a manage key bound to alice as well."""
-    config = make_config(UpstreamConfig(kind="openai", base_url=upstream_url, api_key="k"))
+    """make_config's tenants, t1 with a manage key bound to alice as well, and its traces
+    whole (`trace: full`: the added context's text too)."""
+    upstream = UpstreamConfig(kind="openai", base_url=upstream_url, api_key="k")
+    config = make_config(upstream, trace="full")
     t1 = config.tenants["t1"]
     bound = ApiKeyConfig(key=ALICE_KEY, scopes=["manage"], user="alice")
     t1 = t1.model_copy(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from litestar import Request, get
 from litestar.di import NamedDependency
@@ -14,15 +15,17 @@ from sqlalchemy import Connection
 
 from policies.public_ids import MESSAGE
 from proxy.core.auth import Principal
-from proxy.core.errors import BadRequest
+from proxy.core.errors import BadRequest, NotFound
 from proxy.routes.conversations import conversation_or_404
 from proxy.routes.params import user_param
+from proxy.routes.traces import trace_object
 from proxy.routes.users import find_users
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord, ExchangeRecord, MessageRecord
 from storage.repositories.attachments import Attachments
 from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
+from storage.repositories.traces import TraceRecord, Traces
 
 PAGE = 50
 MESSAGES_PAGE = 100
@@ -138,8 +141,9 @@ def message_text(m: MessageRecord) -> str:
     return "\n".join(lines) or json.dumps(m.content)
 
 
-def exchange_view(x: ExchangeRecord) -> dict[str, Any]:
-    """What the timeline shows of an exchange record."""
+def exchange_view(x: ExchangeRecord, trace: TraceRecord | None) -> dict[str, Any]:
+    """What the timeline shows of an exchange record, and of its trace (the management API's
+    `trace_object`) when one was recorded."""
     attached = x.attached or {}
     parts = [
         f"{name.replace('_', ' ')}: {value:g}"
@@ -161,7 +165,8 @@ def exchange_view(x: ExchangeRecord) -> dict[str, Any]:
         "latency_ms": x.latency_ms,
         "overhead_ms": x.overhead_ms,
         "attached_text": " · ".join(parts) or "nothing",
-        "trace": None,
+        "user": x.user_id,
+        "trace": None if trace is None else trace_object(x, trace),
     }
 
 
@@ -175,6 +180,16 @@ def turns_of(messages: list[Shown]) -> list[Turn]:
     return turns
 
 
+# A conversation's page as read: the conversation, its messages, their exchanges (with their
+# traces, when recorded) and its attachments.
+_Loaded = tuple[
+    ConversationRecord,
+    list[MessageRecord],
+    dict[str, tuple[ExchangeRecord, TraceRecord | None]],
+    list[AttachmentRecord],
+]
+
+
 @get("/conversation")
 async def conversation_page(
     request: Request[Any, Any, Any],
@@ -185,21 +200,17 @@ async def conversation_page(
     after = request.query_params.get("after")
     after_seq = int(after) if after and after.isdigit() else 0
 
-    def work(
-        conn: Connection,
-    ) -> tuple[
-        ConversationRecord, list[MessageRecord], dict[str, ExchangeRecord], list[AttachmentRecord]
-    ]:
+    def work(conn: Connection) -> _Loaded:
         found = conversation_or_404(conn, principal.tenant_id, conversation_id, user=principal.user)
         rows = Conversations(conn).messages(
             principal.tenant_id, found.pk, after_seq=after_seq, limit=MESSAGES_PAGE + 1
         )
-        exchanges = Exchanges(conn)
+        exchanges, traces = Exchanges(conn), Traces(conn)
         records = {}
         for rid in dict.fromkeys(m.exchange_id for m in rows[:MESSAGES_PAGE] if m.exchange_id):
             record = exchanges.get(principal.tenant_id, rid)
             if record is not None:
-                records[rid] = record
+                records[rid] = (record, traces.get(principal.tenant_id, rid))
         attachments = Attachments(conn).for_conversation(
             principal.tenant_id, found.pk, limit=PAGE, with_content=False
         )
@@ -222,7 +233,7 @@ async def conversation_page(
     for turn in turns:
         rid = next((m.exchange_id for m in turn.messages if m.exchange_id in records), None)
         if rid is not None:
-            turn.exchange = exchange_view(records[rid])
+            turn.exchange = exchange_view(*records[rid])
     return Template(
         "conversation.html",
         context=context(
@@ -236,4 +247,27 @@ async def conversation_page(
     )
 
 
-ROUTES = [home, users_page, conversations_page, conversation_page]
+@get("/message")
+async def message_page(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Redirect:
+    """A stored message (a trace names them by id): its place in its conversation's page."""
+    message_id = request.query_params.get("id") or ""
+    pk = services.ids.parse(MESSAGE, message_id)
+    found = None
+    if pk is not None:
+        found = await services.db.read(
+            lambda conn: Conversations(conn).message(principal.tenant_id, pk)
+        )
+    if found is None or not principal.sees(found[2]):
+        raise NotFound(f"No message found with id '{message_id}'.", code="message_not_found")
+    message, conversation_id = found[0], found[1]
+    query = {"id": conversation_id}
+    if message.seq > MESSAGES_PAGE:
+        query["after"] = str(message.seq - 1)
+    return Redirect(f"/ui/conversation?{urlencode(query)}#{message_id}", status_code=303)
+
+
+ROUTES = [home, users_page, conversations_page, conversation_page, message_page]

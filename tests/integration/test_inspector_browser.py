@@ -7,6 +7,7 @@ under CI=true, where they fail."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,14 +65,16 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def served(
     fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[[Config], str]
 ) -> Iterator[tuple[str, FakeOpenAI]]:
-    """(the server's root URL, the fake upstream), alice with two turns and a memory, bob with
-    a turn."""
+    """(the server's root URL, the fake upstream): alice with two conversations and a memory,
+    bob with a conversation."""
     url = serve_proxy(inspector_config(fake_upstream[1]))
     with httpx.Client(base_url=url, headers={"authorization": f"Bearer {KEY}"}) as api:
-        history: list[dict[str, str]] = []
-        for user, text in [("alice", "I am planning a trip to Lisbon."), ("bob", "Hello")]:
-            history = [{"role": "user", "content": text}]
-            turn(api, user, history)
+        for user, text in [
+            ("alice", "I am planning a trip to Lisbon."),
+            ("bob", "Hello"),
+            ("alice", "Which city was my trip to?"),  # (a new conversation: recalls the first)
+        ]:
+            turn(api, user, [{"role": "user", "content": text}])
         memory = api.post("/memory/memories", json={"user": "alice", "text": "Likes tea"})
         assert memory.status_code == 201, memory.text
     yield url.removesuffix("/v1"), fake_upstream[0]
@@ -126,15 +129,24 @@ def test_an_operator_reads_users_conversations_turns_jobs_and_usage(page: Any, s
     page.get_by_role("link", name="alice", exact=True).click()
     page.wait_for_url("**/ui/conversations?user=alice")
     photograph(page, shots, "conversations")
-    page.locator("table tbody a").first.click()
+    page.locator("table tbody a").first.click()  # (the newest: the question)
     page.wait_for_url("**/ui/conversation?id=*")
-    assert "I am planning a trip to Lisbon." in page.locator("ol.timeline").inner_text()
+    assert "Which city was my trip to?" in page.locator("ol.timeline").inner_text()
     details = page.locator("details.exchange").first
-    assert not details.locator("dl.facts").is_visible()
-    details.locator("summary").click()
-    assert details.locator("dl.facts").is_visible()
-    assert "gpt-4o-mini" in details.inner_text()
+    trace = details.locator("section.trace")
+    assert not trace.is_visible()
+    details.locator("summary").click()  # (a <details>: no script needed)
+    assert trace.is_visible() and "gpt-4o-mini" in details.inner_text()
+    sections = trace.locator("table.sections").inner_text()
+    assert "recall" in sections and "memories" in sections
+    assert "I am planning a trip to Lisbon." in trace.locator("pre.context").inner_text()
     photograph(page, shots, "conversation")
+
+    # A recalled excerpt links to the message it came from, in its own conversation.
+    trace.locator("ul.parts").get_by_role("link", name=re.compile("^msg_")).first.click()
+    page.wait_for_url("**/ui/conversation?id=*#msg_*")
+    target = page.locator("article.message:target")
+    assert "I am planning a trip to Lisbon." in target.inner_text()
 
     page.get_by_role("navigation").get_by_role("link", name="Jobs").click()
     page.wait_for_url("**/ui/jobs")
@@ -165,6 +177,14 @@ def test_an_edited_pinned_memory_reaches_the_next_turn_and_deleting_asks_first(
         turn(api, "alice", [{"role": "user", "content": "What should I order?"}])
     prompt = str(upstream.chat_requests[-1]["messages"])
     assert "Drinks only green tea, no sugar" in prompt
+    # ... and its trace says so.
+    page.goto("/ui/conversations?user=alice")
+    page.locator("table tbody a").first.click()
+    page.wait_for_url("**/ui/conversation?id=*")
+    page.locator("details.exchange summary").first.click()
+    trace = page.locator("section.trace").first
+    assert "Drinks only green tea, no sugar" in trace.locator("pre.context").inner_text()
+    page.goto("/ui/memories?user=alice")
 
     page.get_by_role("link", name="Delete memory").first.click()
     page.wait_for_url("**/ui/memory/delete?*")
