@@ -28,6 +28,7 @@ from proxy.core.config import (
 from tests.conftest import KEY, OTHER_TENANT_KEY
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
+from tests.inspector import form, signed_in
 from tests.polling import eventually
 from tests.processes import kill, spawn, stop, wait_ready
 
@@ -510,6 +511,20 @@ async def test_a_dead_job_retried_runs_again_with_its_attempts_back(
     done = await proxy.job_of(request_id, until=("done",))
     assert (done["id"], done["attempts"]) == (job["id"], 1)
     assert [m["text"] for m in await proxy.memories()] == ["The user likes tea."]
+
+    # The inspector's jobs page lists the dead letters with a button that does the same.
+    model.script = [said("Sure!"), said("Sure!")]
+    request_id = await proxy.chat("I like coffee.")
+    job = await proxy.job_of(request_id, until=("dead",))
+    model.script = [decisions({"action": "add", "text": "The user likes coffee."})]
+    root = str(proxy.http.base_url).removesuffix("/v1/")
+    with signed_in(root) as ui:
+        dead = ui.get("/ui/jobs", params={"status": "dead"}).text
+        assert job["id"] in dead and "Retry" in dead
+        retried = form(ui, "/ui/jobs/retry", "/ui/jobs?status=dead", id=job["id"])
+        assert retried.status_code == 303, retried.text
+        assert f"Job {job['id']} queued again." in ui.get(retried.headers["location"]).text
+    await proxy.job_of(request_id, until=("done",))
 
     # Only a dead job runs again; another tenant's, or one that is not there, is not found.
     again = await proxy.http.post(f"/memory/jobs/{job['id']}/retry")

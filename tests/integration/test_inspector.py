@@ -129,6 +129,9 @@ def test_a_key_bound_to_a_user_sees_only_that_user(base: str) -> None:
             bobs = rest.get("/memory/conversations", params={"user": "bob"}).json()["data"][0]["id"]
             carols = rest.get("/memory/memories", params={"user": "carol"}).json()["data"][0]["id"]
         assert client.get("/ui/conversation", params={"id": bobs}).status_code == 404
+        with api(base) as rest:
+            bob_said = rest.get(f"/memory/conversations/{bobs}/messages").json()["data"][0]["id"]
+        assert client.get("/ui/message", params={"id": bob_said}).status_code == 404
         deleting = form(client, "/ui/memory/delete", id=carols, user="carol")
         assert deleting.status_code == 403
         with api(base) as rest:
@@ -159,3 +162,31 @@ def test_every_page_renders_for_a_signed_in_operator(base: str) -> None:
             client.get("/ui/memory/edit", params={"id": "mem_nope", "user": "carol"}).status_code
             == 404
         )
+
+
+def test_a_message_named_by_a_trace_opens_in_its_conversation(base: str) -> None:
+    with api(base) as rest:
+        bobs = rest.get("/memory/conversations", params={"user": "bob"}).json()["data"][0]["id"]
+        said = rest.get(f"/memory/conversations/{bobs}/messages").json()["data"][1]["id"]
+    with signed_in(base) as client:
+        found = client.get("/ui/message", params={"id": said})
+        assert found.status_code == 303
+        assert found.headers["location"] == f"/ui/conversation?id={bobs}#{said}"
+        assert f'id="{said}"' in client.get(found.headers["location"]).text
+        assert client.get("/ui/message", params={"id": "msg_nope"}).status_code == 404
+
+
+def test_a_session_holds_on_every_replica_that_shares_the_ui_secret(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[[Config], str]
+) -> None:
+    config = inspector_config(fake_upstream[1])
+    shared = config.model_copy(
+        update={"server": config.server.model_copy(update={"ui_secret": "s" * 32})}
+    )
+    one, two = (serve_proxy(shared).removesuffix("/v1") for _ in range(2))
+    alone = serve_proxy(config).removesuffix("/v1")  # (a secret of its own, made at start-up)
+    with signed_in(one) as client:
+        cookies = dict(client.cookies)
+    for other, status in [(two, 200), (alone, 303)]:
+        with httpx.Client(base_url=other, cookies=cookies) as client:
+            assert client.get("/ui/users").status_code == status
