@@ -65,7 +65,7 @@ def routers(server: ServerConfig) -> list[Router]:
             session.session_middleware(session_secret),
             DefineMiddleware(CSRFMiddleware, config=session.csrf_config(csrf_secret)),
         ],
-        before_request=session.refuse_other_origins,
+        guards=[session.refuse_other_origins],
         exception_handlers={
             Exception: session.error_page,
             HTTPException: session.error_page,

@@ -20,9 +20,11 @@ from urllib.parse import urlsplit
 import structlog
 from litestar import Request, Response, get, post
 from litestar.config.csrf import CSRFConfig
+from litestar.connection import ASGIConnection
 from litestar.datastructures import Headers
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException, PermissionDeniedException
+from litestar.handlers import BaseRouteHandler
 from litestar.middleware.base import DefineMiddleware
 from litestar.middleware.session.base import SessionMiddleware
 from litestar.middleware.session.client_side import ClientSideSessionBackend, CookieBackendConfig
@@ -32,7 +34,6 @@ from litestar.types import ASGIApp
 from proxy.core.auth import Principal, key_digest
 from proxy.core.config import ServerConfig
 from proxy.core.errors import ProxyError
-from proxy.core.requests import before_handler
 from proxy.state import AppState
 
 log = structlog.get_logger("memproxy.ui")
@@ -96,12 +97,10 @@ def csrf_config(secret: str) -> CSRFConfig:
     )
 
 
-async def refuse_other_origins(request: Request[Any, Any, Any]) -> None:
-    """The app's `before_request` hook (this one replaces it here), then: a change whose
-    `Origin` (or, without one, `Referer`) names another site is refused before anything reads
-    its form (the CSRF token stops it too; this says why)."""
-    await before_handler(request)
-    if request.method in SAFE_METHODS:
+def refuse_other_origins(request: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """A guard: a change whose `Origin` (or, without one, `Referer`) names another site is
+    refused (the CSRF token stops it too; this says why)."""
+    if request.scope.get("method") in SAFE_METHODS:
         return
     claimed = request.headers.get("origin") or request.headers.get("referer")
     if claimed is None:
