@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import Router
+from litestar.datastructures import ResponseHeader
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
 from litestar.middleware.base import DefineMiddleware
@@ -23,6 +24,7 @@ from litestar.template import TemplateConfig
 from proxy.core.config import ServerConfig
 from proxy.core.errors import ProxyError
 from proxy.ui import activity, memories, pages, session
+from storage.errors import StorageError
 
 HERE = Path(__file__).parent
 
@@ -66,10 +68,12 @@ def routers(server: ServerConfig) -> list[Router]:
             DefineMiddleware(CSRFMiddleware, config=session.csrf_config(csrf_secret)),
         ],
         guards=[session.refuse_other_origins],
+        response_headers=[ResponseHeader(name=k, value=v) for k, v in session.PAGE_HEADERS.items()],
         exception_handlers={
             Exception: session.error_page,
             HTTPException: session.error_page,
             ProxyError: session.error_page,
+            StorageError: session.error_page,
             session.NotSignedIn: session.to_sign_in,
         },
         include_in_schema=False,

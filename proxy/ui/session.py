@@ -35,6 +35,7 @@ from proxy.core.auth import Principal, key_digest
 from proxy.core.config import ServerConfig
 from proxy.core.errors import ProxyError
 from proxy.state import AppState
+from storage.errors import StorageError
 
 log = structlog.get_logger("memproxy.ui")
 
@@ -42,6 +43,16 @@ SESSION_COOKIE = "memproxy_ui"
 CSRF_COOKIE = "memproxy_csrf"
 SESSION_HOURS = 12
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Every page: nothing but memproxy's own files, never in another site's frame, never cached
+# (they show a tenant's data), and no address sent elsewhere.
+PAGE_HEADERS = {
+    "content-security-policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
 
 
 class NotSignedIn(Exception):
@@ -166,13 +177,22 @@ def to_sign_in(request: Request[Any, Any, Any], _: NotSignedIn) -> Response[Any]
 
 def error_page(request: Request[Any, Any, Any], error: Exception) -> Response[Any]:
     """An error as a page of the inspector (the API's errors are JSON)."""
-    if isinstance(error, ProxyError):
+    if isinstance(error, StorageError):
+        log.error("storage_unavailable", error=str(error))
+        status, message = 503, "The database is not answering; try again shortly."
+    elif isinstance(error, ProxyError):
         status, message = error.status, error.message
     elif isinstance(error, HTTPException):
         status, message = error.status_code, error.detail
     else:
         log.exception("ui_error", exc_info=error)
         status, message = 500, "Something went wrong; the server's log says what."
-    titles = {403: "Not allowed", 404: "Not found", 400: "Cannot do that", 409: "Cannot do that"}
+    titles = {
+        400: "Cannot do that",
+        403: "Not allowed",
+        404: "Not found",
+        409: "Cannot do that",
+        503: "Unavailable",
+    }
     context = {"title": titles.get(status, "Error"), "message": message}
     return Template("error.html", context=context, status_code=status)

@@ -156,6 +156,8 @@ def test_every_page_renders_for_a_signed_in_operator(base: str) -> None:
             page = client.get(path, params=params)
             assert page.status_code == 200, (path, page.text)
             assert "<h1>" in page.text and "http://" not in page.text.replace(base, "")  # no CDN
+            assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+            assert page.headers["cache-control"] == "no-store"
         assert client.get("/ui/static/inspector.css").status_code == 200
         assert client.get("/ui/usage", params={"days": "0"}).status_code == 400
         assert (

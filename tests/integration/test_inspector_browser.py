@@ -232,6 +232,7 @@ def test_a_key_bound_to_a_user_sees_only_that_user(page: Any, shots: Path) -> No
     rows = page.locator("table tbody tr")
     assert rows.count() == 1 and "alice" in rows.first.inner_text()
     assert "user alice" in page.locator("header").inner_text()
+    photograph(page, shots, "bound-key")
     page.goto("/ui/memories?user=bob")
     assert "Not allowed" in page.get_by_role("heading", level=1).inner_text()
-    photograph(page, shots, "bound-key")
+    photograph(page, shots, "bound-key-refused")
