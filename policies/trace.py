@@ -48,6 +48,23 @@ def listed(items: Sequence[Any], limit: int = MAX_IDS) -> dict[str, Any]:
     return {"items": shown, **({"more": more} if more else {})}
 
 
+# The keys whose integers are stored messages' rows: a stored trace names messages by row, and
+# the API shows each as its public id (`with_public_ids`), so recording one formats none.
+MESSAGE_KEYS = frozenset({"message", "messages", "hits", "packed"})
+
+
+def with_public_ids(value: Any, public: Callable[[int], str], key: str = "") -> Any:
+    """`value` (a stored trace, or a part of one) with the message rows it names shown by
+    `public` ids; a new object, the stored one untouched."""
+    if isinstance(value, dict):
+        return {k: with_public_ids(v, public, k if k != "items" else key) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_public_ids(v, public, key) for v in value]
+    if key in MESSAGE_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        return public(value)
+    return value
+
+
 def size_of(trace: Trace) -> int:
     """A trace's size as stored (compact JSON, UTF-8)."""
     return len(json.dumps(trace, separators=(",", ":"), default=str).encode())

@@ -25,6 +25,7 @@ from proxy.core.shutdown import ShutdownDeadline
 from proxy.durability.spill import SpillFile
 from proxy.pipeline.artifacts import Artifacts
 from proxy.pipeline.exchange_batch import DeferredExchanges
+from proxy.pipeline.heavy_turns import HeavyTurns
 from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import SpillReplayer
@@ -37,7 +38,6 @@ from proxy.upstream.litellm import LiteLLMUpstream
 from proxy.upstream.openai import OpenAIUpstream
 from proxy.upstream.resilient import ResilientUpstream
 from storage.database import Database
-from storage.fair_slots import FairSlots
 
 EXPORTS_AT_ONCE = 2
 
@@ -73,7 +73,7 @@ class AppState:
     exports: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(EXPORTS_AT_ONCE))
     # Storing a large turn (HEAVY_TURN_MESSAGES or more), one at a time, tenants taking turns
     # (proxy/pipeline/exchange.py).
-    heavy_turns: FairSlots = field(default_factory=lambda: FairSlots(HEAVY_TURNS_AT_ONCE))
+    heavy_turns: HeavyTurns = field(default_factory=lambda: HeavyTurns(HEAVY_TURNS_AT_ONCE))
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def upstream_for(self, principal: Principal) -> Upstream:

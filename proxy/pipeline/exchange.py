@@ -179,7 +179,8 @@ class TurnExchange:
                 async with self.services.heavy_turns.slot(req.tenant_id):
                     self.loaded = await load(req, self.inline)
             else:
-                self.loaded = await load(req, self.inline)
+                with self.services.heavy_turns.ordinary():  # (heavy turns give way meanwhile)
+                    self.loaded = await load(req, self.inline)
         self.ledger.turn, self.ledger.spilled = self.loaded.turn, self.loaded.spilled
         with trace.timed("classify"):
             use_memory = await self.intent.classify(self.loaded.turn)

@@ -114,7 +114,7 @@ class TurnRequest:
             identify(request, principal, turn.user_fields, turn.conversation_id),
             services.upstream_for(principal),
             request_info(request.scope),
-            trace=TraceRecorder(principal.tenant.trace, services.ids),
+            trace=TraceRecorder(principal.tenant.trace),
         )
 
     @property

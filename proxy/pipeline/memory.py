@@ -169,9 +169,9 @@ class ConversationMemory:
 
     async def in_time(self, work: Coroutine[Any, Any, T]) -> T:
         """`work` (waiting for the database), or StorageTimeout after `timeout`; while the
-        storage circuit is open, StorageCircuitOpen at once, `work` not started. On SQLite
-        a write already handed to the writer thread may still land later: the spill's replay
-        finds it recorded and does not store it twice."""
+        storage circuit is open, StorageCircuitOpen at once, `work` not started. A write
+        that has not begun by the timeout is abandoned (Database.write); one already running
+        may still land: the spill's replay finds it recorded and does not store it twice."""
         try:
             trial = self.circuit.admit()
         except StorageCircuitOpen:

@@ -22,12 +22,12 @@ from proxy.core.config import Config
 from proxy.core.requests import Inline
 from proxy.durability.spill import Spilled, SpillFile
 from proxy.pipeline.artifacts import chunked
+from proxy.pipeline.heavy_turns import HeavyTurns
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay_writes import ReplayWrites, Wanted
 from proxy.pipeline.spill_entries import SpilledRequest, grouped
 from proxy.pipeline.turn import HEAVY_TURN_MESSAGES, HEAVY_TURNS_AT_ONCE, IntentOf, TokenCounter
 from storage.errors import ConflictError, StorageError, StorageUnavailable
-from storage.fair_slots import FairSlots
 
 log = structlog.get_logger("memproxy.spill")
 
@@ -52,7 +52,7 @@ class SpillReplayer:
         wanted: Callable[[str, str, str], Wanted],
         wake_jobs: Callable[[], None],
         interval: float,
-        heavy: FairSlots | None = None,
+        heavy: HeavyTurns | None = None,
     ) -> None:
         """`intent_of(tenant)` classifies a replayed turn as a live one would be;
         `wanted(tenant, user, mode)` says what to queue after its reply."""
@@ -62,7 +62,7 @@ class SpillReplayer:
         self.wake_jobs = wake_jobs
         self.interval = interval
         # Large turns are counted and stored one at a time, live or replayed (proxy/state.py).
-        self.heavy = heavy or FairSlots(HEAVY_TURNS_AT_ONCE)
+        self.heavy = heavy or HeavyTurns(HEAVY_TURNS_AT_ONCE)
         self._task: asyncio.Task[None] | None = None
         self._round = asyncio.Lock()
         self._failures: dict[tuple[str, str], int] = {}

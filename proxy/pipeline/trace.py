@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from policies.context import Assembly, StoredTurn
 from policies.intent import Intent
-from policies.public_ids import MESSAGE, PublicIds
 from policies.trace import VERSION, TraceLevel, bounded, keeps_text, listed, records
 
 if TYPE_CHECKING:  # (read from only: the stages that make them fill the recorder)
@@ -35,10 +34,9 @@ def _ms(seconds: float) -> float:
 class TraceRecorder:
     """One turn's trace, as its stages record it. At level `off` every call does nothing."""
 
-    def __init__(self, level: TraceLevel, ids: PublicIds | None = None) -> None:
-        self.level: TraceLevel = level if ids is not None else "off"
-        self.on = records(self.level)
-        self._ids = ids
+    def __init__(self, level: TraceLevel) -> None:
+        self.level: TraceLevel = level
+        self.on = records(level)
         self.timings: dict[str, float] = {}
         self.degraded: list[dict[str, str]] = []
         self.sections: dict[str, dict[str, Any]] = {}
@@ -203,8 +201,10 @@ class TraceRecorder:
             self._built = bounded(self._trace(outcome), self.level)
         return self._built
 
-    def _id(self, pk: int) -> str | None:
-        return self._ids.format(MESSAGE, pk) if self._ids is not None and pk > 0 else None
+    @staticmethod
+    def _id(pk: int) -> int | None:
+        """A stored message, by its row: the API shows its public id (`with_public_ids`)."""
+        return pk if pk > 0 else None
 
     def _trace(self, outcome: Outcome) -> dict[str, Any]:
         timings = dict(self.timings)

@@ -192,6 +192,7 @@ class MemoryTrace(Struct, kw_only=True):
     user: str
     conversation_id: str | None
     model: str | None
+    mode: Annotated[str, Meta(description="The memory mode: full, read or off.")]
     status: str
     created_at: Timestamp
     budget: dict[str, Any]

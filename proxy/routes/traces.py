@@ -7,6 +7,7 @@ user sees that user's only. Another tenant's or user's id is a 404, as an unknow
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from litestar import Response, get
@@ -14,7 +15,8 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
-from policies.public_ids import MESSAGE
+from policies.public_ids import MESSAGE, PublicIds
+from policies.trace import with_public_ids
 from proxy.core.auth import Principal
 from proxy.core.errors import NotFound
 from proxy.core.json_responses import json_response
@@ -32,10 +34,12 @@ from storage.repositories.traces import TraceRecord, Traces
 TRACE_KEYS = ("budget", "context", "sections", "recall", "intent", "timings", "degraded")
 
 
-def trace_object(exchange: ExchangeRecord, found: TraceRecord) -> dict[str, Any]:
-    """The trace as the API shows it: what the pipeline recorded, with the exchange's usage
-    and cost as they are now (the proxy's own calls may have added to them since)."""
-    trace, record = found.trace, exchange_object(exchange)
+def trace_object(ids: PublicIds, exchange: ExchangeRecord, found: TraceRecord) -> dict[str, Any]:
+    """The trace as the API shows it: what the pipeline recorded (messages by their public
+    ids), with the exchange's usage and cost as they are now (the proxy's own calls may have
+    added to them since)."""
+    trace = with_public_ids(found.trace, partial(ids.format, MESSAGE))
+    record = exchange_object(exchange)
     intent = trace.get("intent")
     if intent is not None and exchange.intent_detail not in (None, {}):
         final = exchange.intent_detail
@@ -50,6 +54,7 @@ def trace_object(exchange: ExchangeRecord, found: TraceRecord) -> dict[str, Any]
         "user": exchange.user_id,
         "conversation_id": exchange.conversation_id,
         "model": exchange.model,
+        "mode": exchange.mode,
         "status": exchange.status,
         "created_at": record["created_at"],
         **{key: trace.get(key) for key in TRACE_KEYS},
@@ -90,7 +95,7 @@ async def get_trace(
             "was off, or it has not ended yet.",
             code="trace_not_found",
         )
-    return json_response(trace_object(exchange, trace))
+    return json_response(trace_object(services.ids, exchange, trace))
 
 
 @get(

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.trace import CUT_TEXT_CHARS, bounded, keeps_text, listed, records, size_of
+from policies.trace import (
+    CUT_TEXT_CHARS,
+    bounded,
+    keeps_text,
+    listed,
+    records,
+    size_of,
+    with_public_ids,
+)
 
 
 def big_trace(texts: int = 10, chars: int = 20_000, candidates: int = 20) -> dict[str, Any]:
@@ -52,3 +60,19 @@ def test_cuts_go_on_until_it_fits_down_to_the_figures() -> None:
     assert "messages" not in trace.get("context", {})
     assert trace["sections"]["recall"]["tokens"] == 900  # (the figures stay)
     assert size_of({k: v for k, v in trace.items() if k not in ("bytes", "truncated")}) <= 2_000
+
+
+def test_a_stored_trace_names_message_rows_the_api_shows_as_public_ids() -> None:
+    stored = {
+        "context": {
+            "parts": [{"section": "history", "messages": {"items": [3, 4]}, "positions": [1, 2]}],
+            "messages": [{"section": "history", "position": 1, "role": "user", "content": "5"}],
+        },
+        "recall": {"candidates": [{"message": 7, "seq": 2, "hit": True}], "packed": {"items": [7]}},
+    }
+    shown = with_public_ids(stored, lambda pk: f"msg_{pk}")
+    assert shown["context"]["parts"][0]["messages"]["items"] == ["msg_3", "msg_4"]
+    assert shown["context"]["parts"][0]["positions"] == [1, 2]
+    assert shown["recall"]["candidates"] == [{"message": "msg_7", "seq": 2, "hit": True}]
+    assert shown["recall"]["packed"]["items"] == ["msg_7"]
+    assert stored["recall"]["packed"]["items"] == [7]  # (the stored one untouched)
