@@ -13,7 +13,7 @@ from litestar.di import NamedDependency
 from litestar.response import Redirect, Template
 from sqlalchemy import Connection
 
-from policies.public_ids import MESSAGE
+from policies.public_ids import MESSAGE, PublicIds
 from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest, NotFound
 from proxy.routes.conversations import conversation_or_404
@@ -141,7 +141,7 @@ def message_text(m: MessageRecord) -> str:
     return "\n".join(lines) or json.dumps(m.content)
 
 
-def exchange_view(x: ExchangeRecord, trace: TraceRecord | None) -> dict[str, Any]:
+def exchange_view(ids: PublicIds, x: ExchangeRecord, trace: TraceRecord | None) -> dict[str, Any]:
     """What the timeline shows of an exchange record, and of its trace (the management API's
     `trace_object`) when one was recorded."""
     attached = x.attached or {}
@@ -166,7 +166,7 @@ def exchange_view(x: ExchangeRecord, trace: TraceRecord | None) -> dict[str, Any
         "overhead_ms": x.overhead_ms,
         "attached_text": " · ".join(parts) or "nothing",
         "user": x.user_id,
-        "trace": None if trace is None else trace_object(x, trace),
+        "trace": None if trace is None else trace_object(ids, x, trace),
     }
 
 
@@ -233,7 +233,7 @@ async def conversation_page(
     for turn in turns:
         rid = next((m.exchange_id for m in turn.messages if m.exchange_id in records), None)
         if rid is not None:
-            turn.exchange = exchange_view(*records[rid])
+            turn.exchange = exchange_view(services.ids, *records[rid])
     return Template(
         "conversation.html",
         context=context(
