@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from proxy.core.config import Config
+from proxy.core.config import ApiKeyConfig, Config, IdentityConfig, TenantConfig
 from tests.conftest import CHAT_ONLY_KEY, KEY, OTHER_TENANT_KEY
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.inspector import ALICE_KEY, csrf_token, form, inspector_config, signed_in
@@ -192,3 +192,19 @@ def test_a_session_holds_on_every_replica_that_shares_the_ui_secret(
     for other, status in [(two, 200), (alone, 303)]:
         with httpx.Client(base_url=other, cookies=cookies) as client:
             assert client.get("/ui/users").status_code == status
+
+
+def test_a_token_mode_tenant_signs_in_with_its_operator_key_only(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[[Config], str]
+) -> None:
+    config = inspector_config(fake_upstream[1])
+    identity = IdentityConfig(mode="token", algorithms=["HS256"], secret="s" * 32)
+    keys = [ApiKeyConfig(key="ops-key", scopes=["manage"]), ApiKeyConfig(key="app-key")]
+    t3 = TenantConfig(api_keys=keys, upstream="main", identity=identity)  # type: ignore[arg-type]
+    base = serve_proxy(config.model_copy(update={"tenants": {**config.tenants, "t3": t3}}))
+    base = base.removesuffix("/v1")
+    with signed_in(base, "ops-key") as client:  # (manage alone, bound to no one: every user)
+        assert client.get("/ui/users").status_code == 200
+    with httpx.Client(base_url=base) as client:
+        refused = form(client, "/ui/sign-in", "/ui/sign-in", key="app-key")
+        assert refused.status_code == 401 and "user token" in refused.text
