@@ -67,6 +67,7 @@ def test_users_are_listed_with_counts_searched_and_paged(base: str) -> None:
 
 def test_signing_in_takes_a_manage_key_and_sets_a_strict_httponly_cookie(base: str) -> None:
     with httpx.Client(base_url=base) as client:
+        assert client.get("/ui/").headers["location"] == "/ui/users"
         assert client.get("/ui/users").headers["location"] == "/ui/sign-in"
         page = client.get("/ui/sign-in")
         assert page.status_code == 200 and 'type="password"' in page.text
@@ -159,6 +160,11 @@ def test_every_page_renders_for_a_signed_in_operator(base: str) -> None:
             assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
             assert page.headers["cache-control"] == "no-store"
         assert client.get("/ui/static/inspector.css").status_code == 200
+        added = form(client, "/ui/memory/new", "/ui/memories?user=bob", user="bob", text="Bikes")
+        assert added.status_code == 303
+        assert "Bikes" in client.get(added.headers["location"]).text
+        empty = form(client, "/ui/memory/new", "/ui/memories?user=bob", user="bob", text=" ")
+        assert empty.status_code == 400 and "&#39;text&#39; must be" in empty.text
         assert client.get("/ui/usage", params={"days": "0"}).status_code == 400
         assert (
             client.get("/ui/memory/edit", params={"id": "mem_nope", "user": "carol"}).status_code
