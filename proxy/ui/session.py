@@ -6,8 +6,8 @@ HttpOnly and SameSite=Strict, for `SESSION_HOURS`. Each page looks the digest up
 current keys, so a key removed from the config (and reloaded) ends its sessions at once, and
 the key's principal (a key bound to a user sees only that user) applies to every page as it
 does to the management API. Every change is a form post carrying Litestar's CSRF token
-(double submit: a cookie and a form field, HMAC-signed), and a post naming another origin is
-refused before that.
+(double submit: a cookie and a form field, HMAC-signed); a post naming another origin is
+refused as well.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from litestar.types import ASGIApp
 
 from proxy.core.auth import Principal, key_digest
 from proxy.core.config import ServerConfig
-from proxy.core.errors import ProxyError
+from proxy.core.errors import AuthenticationFailed, ProxyError
 from proxy.state import AppState
 from storage.errors import StorageError
 
@@ -148,18 +148,15 @@ async def sign_in(
 ) -> Response[Any]:
     form = await request.form()
     key = str(form.get("key") or "").strip()
+    digest = key_digest(key)
     try:
         if not key:
-            raise NotSignedIn
-        digest = key_digest(key)
+            raise AuthenticationFailed("Enter an API key.")
         principal = services.keys.identify(services.keys.by_digest(digest, "manage"), Headers())
-    except (ProxyError, NotSignedIn) as refused:
-        status = refused.status if isinstance(refused, ProxyError) else 400
-        message = refused.message if isinstance(refused, ProxyError) else "Enter an API key."
-        log.info("ui_sign_in_refused", status=status)
-        return Template(
-            "sign_in.html", context={"title": "Sign in", "error": message}, status_code=status
-        )
+    except ProxyError as refused:
+        log.info("ui_sign_in_refused", status=refused.status, code=refused.code)
+        context = {"title": "Sign in", "error": refused.message}
+        return Template("sign_in.html", context=context, status_code=refused.status)
     request.set_session({"key": digest})
     log.info("ui_signed_in", tenant=principal.tenant_id, user=principal.user)
     return Redirect("/ui/users", status_code=303)
