@@ -39,6 +39,7 @@ def _environment() -> Environment:
         autoescape=select_autoescape(default=True),
         trim_blocks=True,
         lstrip_blocks=True,
+        auto_reload=False,  # (templates change with the package, not while it runs)
     )
     env.filters["when"] = _when
     return env

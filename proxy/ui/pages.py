@@ -28,7 +28,7 @@ from storage.repositories.exchanges import Exchanges
 from storage.repositories.traces import TraceRecord, Traces
 
 PAGE = 50
-MESSAGES_PAGE = 100
+MESSAGES_PAGE = 40  # (a page of turns, each with its trace: about 20 turns)
 
 
 def context(principal: Principal, title: str, **values: Any) -> dict[str, Any]:
