@@ -5,6 +5,8 @@ same pages is tests/integration/test_inspector_browser.py."""
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -214,3 +216,22 @@ def test_a_token_mode_tenant_signs_in_with_its_operator_key_only(
     with httpx.Client(base_url=base) as client:
         refused = form(client, "/ui/sign-in", "/ui/sign-in", key="app-key")
         assert refused.status_code == 401 and "user token" in refused.text
+
+
+def test_a_long_conversation_is_read_page_by_page(base: str) -> None:
+    said = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i}"}
+        for i in range(45)
+    ]
+    with api(base) as rest:
+        created = rest.post("/memory/conversations", json={"user": "dan", "messages": said})
+        assert created.status_code == 201, created.text
+        conversation = created.json()["id"]
+    with signed_in(base) as client:
+        first = client.get("/ui/conversation", params={"id": conversation}).text
+        assert "message number 39<" in first and "message number 40<" not in first
+        later = re.search(r'href="(/ui/conversation\?[^"]+)">Later messages', first)
+        assert later is not None
+        rest_of_it = client.get(html.unescape(later.group(1))).text
+        assert "message number 40<" in rest_of_it and "message number 44<" in rest_of_it
+        assert "message number 39<" not in rest_of_it and "Later messages" not in rest_of_it
