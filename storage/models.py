@@ -471,9 +471,11 @@ class ExchangeTrace(Base):
     )
     tenant_id: Mapped[str] = mapped_column(String(128))
     level: Mapped[str] = mapped_column(String(8))  # full | summary
-    size: Mapped[int] = mapped_column(Integer)  # bytes of `trace` as JSON
-    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
-    trace: Mapped[dict[str, Any]] = mapped_column(JSON)
+    size: Mapped[int] = mapped_column(Integer)  # bytes of `trace`
+    # What was cut to keep it within its size, in order (policies/trace.py); empty: nothing.
+    truncated: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # The trace as JSON text, serialized once by the pipeline (its size measured on it).
+    trace: Mapped[str] = mapped_column(Text)
 
 
 # Core handles on the tables, for the repositories' SQL expressions.

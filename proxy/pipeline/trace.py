@@ -274,7 +274,6 @@ class TraceRecorder:
             {
                 "conversation_id": e.turns[0].conversation,
                 "messages": [self._id(t.pk) for t in e.turns],
-                "hits": [self._id(pk) for pk in e.hits],
             }
             for e in recall.excerpts
         ]
@@ -310,5 +309,5 @@ class TraceRecorder:
                 }
                 for pk, conversation, seq, role, value, score, hit, tokens in found.candidates
             ],
-            "packed": listed([self._id(pk) for pk in sorted(packed)]),
+            "packed": len(packed),
         }

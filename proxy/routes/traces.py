@@ -49,7 +49,7 @@ def trace_object(ids: PublicIds, exchange: ExchangeRecord, found: TraceRecord) -
         "id": exchange.request_id,
         "object": "memory.exchange.trace",
         "level": found.level,
-        "truncated": trace.get("truncated", False),
+        "truncated": found.truncated or False,
         "bytes": found.size,
         "user": exchange.user_id,
         "conversation_id": exchange.conversation_id,

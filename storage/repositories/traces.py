@@ -5,11 +5,12 @@ tenant."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Insert, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import EXCHANGE_TRACES, EXCHANGES
@@ -25,20 +26,57 @@ class TraceRecord:
     user_id: str  # the exchange's
     level: str
     size: int
-    truncated: bool
+    truncated: list[str]
     trace: dict[str, Any]
 
 
-def trace_row(tenant_id: str, request_id: str, trace: dict[str, Any]) -> dict[str, Any]:
-    """The row of a trace as the pipeline hands it over (policies/trace.py's `bounded`)."""
+def trace_row(tenant_id: str, request_id: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """The row of a trace as the pipeline hands it over (policies/trace.py's `bounded`:
+    `level`, `size`, `truncated`, and `text`, its JSON)."""
     return {
         "request_id": request_id,
         "tenant_id": tenant_id,
-        "level": str(trace.get("level", "summary")),
-        "size": int(trace.get("bytes", 0)),
-        "truncated": bool(trace.get("truncated")),
-        "trace": trace,
+        "level": stored["level"],
+        "size": stored["size"],
+        "truncated": list(stored.get("truncated") or []),
+        "trace": stored["text"],
     }
+
+
+def _upsert(insert: Any) -> Insert:
+    """One statement per dialect, built once: a trace written again (a replay that repeats)
+    replaces the one there, of the same tenant only."""
+    statement = insert(T)
+    return statement.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[T.c.request_id],
+        set_={
+            "level": statement.excluded.level,
+            "size": statement.excluded.size,
+            "truncated": statement.excluded.truncated,
+            "trace": statement.excluded.trace,
+        },
+        where=T.c.tenant_id == statement.excluded.tenant_id,
+    )
+
+
+_UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
+_GET = (
+    select(
+        T.c.request_id,
+        T.c.tenant_id,
+        E.c.user_id,
+        T.c.level,
+        T.c.size,
+        T.c.truncated,
+        T.c.trace,
+    )
+    .join(E, E.c.request_id == T.c.request_id)
+    .where(
+        T.c.tenant_id == bindparam("w_tenant"),
+        T.c.request_id == bindparam("w_request"),
+        E.c.tenant_id == bindparam("w_tenant"),
+    )
+)
 
 
 class Traces:
@@ -46,54 +84,27 @@ class Traces:
         self.conn = conn
 
     def put(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Store traces (`trace_row`s) of exchanges whose records are in this transaction; one
-        written again (a replay that repeats) replaces the one there."""
-        if not rows:
-            return
-        insert = postgresql.insert if self.conn.dialect.name == "postgresql" else sqlite.insert
-        statement = insert(T).values(list(rows))
-        self.conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=[T.c.request_id],
-                set_={
-                    "level": statement.excluded.level,
-                    "size": statement.excluded.size,
-                    "truncated": statement.excluded.truncated,
-                    "trace": statement.excluded.trace,
-                },
-                where=T.c.tenant_id == statement.excluded.tenant_id,
-            )
-        )
+        """Store traces (`trace_row`s) of exchanges whose records are in this transaction."""
+        if rows:
+            self.conn.execute(_UPSERT[self.conn.dialect.name], list(rows))
 
     def get(self, tenant_id: str, request_id: str) -> TraceRecord | None:
         """The trace of the tenant's exchange `request_id`, with the exchange's user."""
-        query = (
-            select(
-                T.c.request_id,
-                T.c.tenant_id,
-                E.c.user_id,
-                T.c.level,
-                T.c.size,
-                T.c.truncated,
-                T.c.trace,
-            )
-            .join(E, E.c.request_id == T.c.request_id)
-            .where(
-                T.c.tenant_id == tenant_id,
-                T.c.request_id == request_id,
-                E.c.tenant_id == tenant_id,
-            )
-        )
-        row = self.conn.execute(query).first()
-        return TraceRecord(**row._mapping) if row else None
+        row = self.conn.execute(_GET, {"w_tenant": tenant_id, "w_request": request_id}).first()
+        if row is None:
+            return None
+        values = dict(row._mapping)
+        values["trace"] = json.loads(values["trace"])
+        values["truncated"] = list(values["truncated"] or [])
+        return TraceRecord(**values)
 
     def count(self, tenant_id: str, user_id: str | None = None) -> int:
         """How many traces the tenant (or one of its users) has."""
         query = (
-            select(T.c.request_id)
-            .join(E, E.c.request_id == T.c.request_id)
+            select(func.count())
+            .select_from(T.join(E, E.c.request_id == T.c.request_id))
             .where(T.c.tenant_id == tenant_id)
         )
         if user_id is not None:
             query = query.where(E.c.user_id == user_id)
-        return len(self.conn.execute(query).all())
+        return int(self.conn.execute(query).scalar_one())

@@ -110,6 +110,7 @@ async def test_the_trace_shows_what_recall_found_ranked_and_packed(
     trace = response.json()
     assert trace["object"] == "memory.exchange.trace" and trace["id"] == request_id
     assert trace["level"] == "summary" and trace["truncated"] is False
+    assert 0 < trace["bytes"] < 16_000
     assert trace["user"] == "alice" and trace["status"] == "complete"
     recall = trace["recall"]
     assert "beagle" in recall["terms"] and recall["hits"]["full_text"] > 0
@@ -119,7 +120,7 @@ async def test_the_trace_shows_what_recall_found_ranked_and_packed(
         (c["score"] for c in candidates), reverse=True
     )
     packed = {c["message"] for c in candidates if c["packed"]}
-    assert packed and packed <= set(recall["packed"]["items"])
+    assert packed and len(packed) <= recall["packed"]
     sections = trace["sections"]
     assert sections["recall"]["chosen"] >= 1 and sections["recall"]["tokens"] > 0
     assert (
@@ -132,7 +133,7 @@ async def test_the_trace_shows_what_recall_found_ranked_and_packed(
     # The recall part of the added context, by reference: the messages its excerpts quote.
     (part,) = [p for p in trace["context"]["parts"] if p["section"] == "recall"]
     quoted = {m for e in part["excerpts"]["items"] for m in e["messages"]}
-    assert quoted == set(recall["packed"]["items"])
+    assert packed <= quoted and len(quoted) == recall["packed"]
     assert "messages" not in trace["context"]  # (summary: no text)
     assert trace["intent"]["decided_by"] == "keyword" and trace["intent"]["label"]
     assert trace["timings"]["load_ms"] >= 0 and trace["timings"]["recall_ms"] >= 0
@@ -243,7 +244,7 @@ async def test_another_user_or_tenant_cannot_read_a_trace_or_message(
     await seed(base)
     request_id = await ask(base, "chat")
     trace = (await trace_of(base, request_id)).json()
-    message_id = trace["recall"]["packed"]["items"][0]
+    message_id = trace["recall"]["candidates"][0]["message"]
     for key in (BOB_KEY, OTHER_TENANT_KEY):
         response = await trace_of(base, request_id, key)
         assert response.status_code == 404, key

@@ -4,6 +4,7 @@ their exchange (erasure, retention) by the foreign key's cascade."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,7 +33,9 @@ def exchange(request_id: str, *, tenant: str = "t1", user: str = "alice") -> New
 
 
 def trace(marker: str, size: int = 100) -> dict[str, Any]:
-    return {"level": "summary", "bytes": size, "truncated": False, "recall": {"terms": [marker]}}
+    """A trace as the pipeline hands it over (policies/trace.bounded)."""
+    text = json.dumps({"recall": {"terms": [marker]}})
+    return {"level": "summary", "size": size, "truncated": [], "text": text}
 
 
 def finished(request_id: str, **fields: Any) -> dict[str, Any]:
@@ -53,6 +56,7 @@ async def test_a_trace_is_written_with_the_exchanges_finish_and_read_per_tenant(
     found = await db.read(lambda conn: Traces(conn).get("t1", "req_1"))
     assert found is not None
     assert found.user_id == "alice" and found.level == "summary" and found.size == 321
+    assert found.truncated == []
     assert found.trace["recall"] == {"terms": ["beagle"]}
     assert await db.read(lambda conn: Traces(conn).get("t2", "req_1")) is None
     assert await db.read(lambda conn: Traces(conn).get("t1", "req_2")) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from policies.trace import (
@@ -10,7 +11,6 @@ from policies.trace import (
     keeps_text,
     listed,
     records,
-    size_of,
     with_public_ids,
 )
 
@@ -43,23 +43,26 @@ def test_a_list_shows_its_first_items_and_how_many_more() -> None:
 
 def test_a_trace_within_its_bound_is_kept_whole() -> None:
     trace = big_trace(texts=1, chars=100)
-    assert bounded(trace, "full")["truncated"] is False
-    assert trace["context"]["messages"][0]["content"] == "x" * 100
+    stored = bounded(trace, "full")
+    assert stored["truncated"] == [] and stored["level"] == "full"
+    assert json.loads(stored["text"]) == trace and stored["size"] == len(stored["text"])
 
 
 def test_a_trace_over_its_bound_is_cut_text_first_and_says_so() -> None:
-    trace = bounded(big_trace(), "full", max_bytes=40_000)
-    assert trace["truncated"] == ["context.messages.content"]
+    stored = bounded(big_trace(), "full", max_bytes=40_000)
+    trace = json.loads(stored["text"])
+    assert stored["truncated"] == ["context.messages.content"]
     assert all(len(m["content"]) == CUT_TEXT_CHARS for m in trace["context"]["messages"])
-    assert trace["bytes"] <= 40_000 and trace["recall"]["candidates"]
+    assert stored["size"] <= 40_000 and trace["recall"]["candidates"]
 
 
 def test_cuts_go_on_until_it_fits_down_to_the_figures() -> None:
-    trace = bounded(big_trace(), "full", max_bytes=2_000)
-    assert trace["truncated"][:2] == ["context.messages.content", "context.messages"]
+    stored = bounded(big_trace(), "full", max_bytes=2_000)
+    trace = json.loads(stored["text"])
+    assert stored["truncated"][:2] == ["context.messages.content", "context.messages"]
     assert "messages" not in trace.get("context", {})
     assert trace["sections"]["recall"]["tokens"] == 900  # (the figures stay)
-    assert size_of({k: v for k, v in trace.items() if k not in ("bytes", "truncated")}) <= 2_000
+    assert stored["size"] <= 2_000
 
 
 def test_a_stored_trace_names_message_rows_the_api_shows_as_public_ids() -> None:
@@ -68,11 +71,11 @@ def test_a_stored_trace_names_message_rows_the_api_shows_as_public_ids() -> None
             "parts": [{"section": "history", "messages": {"items": [3, 4]}, "positions": [1, 2]}],
             "messages": [{"section": "history", "position": 1, "role": "user", "content": "5"}],
         },
-        "recall": {"candidates": [{"message": 7, "seq": 2, "hit": True}], "packed": {"items": [7]}},
+        "recall": {"candidates": [{"message": 7, "seq": 2, "hit": True}], "packed": 1},
     }
     shown = with_public_ids(stored, lambda pk: f"msg_{pk}")
     assert shown["context"]["parts"][0]["messages"]["items"] == ["msg_3", "msg_4"]
     assert shown["context"]["parts"][0]["positions"] == [1, 2]
     assert shown["recall"]["candidates"] == [{"message": "msg_7", "seq": 2, "hit": True}]
-    assert shown["recall"]["packed"]["items"] == ["msg_7"]
-    assert stored["recall"]["packed"]["items"] == [7]  # (the stored one untouched)
+    assert shown["recall"]["packed"] == 1  # (a count, not a row)
+    assert stored["recall"]["candidates"][0]["message"] == 7  # (the stored one untouched)

@@ -28,8 +28,8 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.String(length=128), nullable=False),
         sa.Column("level", sa.String(length=8), nullable=False),
         sa.Column("size", sa.Integer(), nullable=False),
-        sa.Column("truncated", sa.Boolean(), nullable=False),
-        sa.Column("trace", sa.JSON(), nullable=False),
+        sa.Column("truncated", sa.JSON(), nullable=False),
+        sa.Column("trace", sa.Text(), nullable=False),
         sa.ForeignKeyConstraint(["request_id"], ["exchanges.request_id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("request_id"),
     )
