@@ -24,6 +24,7 @@ from proxy.pipeline.turn import (
     Turn,
     classify_into,
     now,
+    storage_time_scale,
 )
 from proxy.pipeline.turn_store import begin_in, opening
 from storage.database import Database
@@ -127,7 +128,8 @@ class ConversationMemory:
             return turn
         count = await TokenCounter(model).prepare(messages)
         return await self.in_time(
-            self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of)
+            self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of),
+            scale=storage_time_scale(len(messages)),
         )
 
     async def _store_turn(
@@ -167,21 +169,23 @@ class ConversationMemory:
                 turn = Turn(turn.request_id, tenant_id, user_id, turn.mode, turn.model)
         raise AssertionError("unreachable")
 
-    async def in_time(self, work: Coroutine[Any, Any, T]) -> T:
-        """`work` (waiting for the database), or StorageTimeout after `timeout`; while the
-        storage circuit is open, StorageCircuitOpen at once, `work` not started. A write
-        that has not begun by the timeout is abandoned (Database.write); one already running
-        may still land: the spill's replay finds it recorded and does not store it twice."""
+    async def in_time(self, work: Coroutine[Any, Any, T], *, scale: float = 1.0) -> T:
+        """`work` (waiting for the database), or StorageTimeout after `timeout` (times
+        `scale`: a heavy turn's, storage_time_scale); while the storage circuit is open,
+        StorageCircuitOpen at once, `work` not started. A write that has not begun by the
+        timeout is abandoned (Database.write); one already running may still land: the
+        spill's replay finds it recorded and does not store it twice."""
         try:
             trial = self.circuit.admit()
         except StorageCircuitOpen:
             work.close()  # (never started)
             raise
+        seconds = None if self.timeout is None else self.timeout * scale
         with self.circuit.outcome(trial=trial):
             try:
-                return await asyncio.wait_for(work, self.timeout)
+                return await asyncio.wait_for(work, seconds)
             except TimeoutError as exc:
-                raise StorageTimeout(f"storage took longer than {self.timeout:g} s") from exc
+                raise StorageTimeout(f"storage took longer than {seconds:g} s") from exc
 
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
         """Store the reply (whole, partial or none) and close the exchange record."""

@@ -32,6 +32,14 @@ HEAVY_TURN_MESSAGES = 1000
 HEAVY_TURNS_AT_ONCE = 1
 
 
+def storage_time_scale(messages: int) -> float:
+    """The storage timeout's multiple for storing a turn of `messages` messages: 1 for an
+    ordinary turn, in proportion for a heavy one (10 for 10,000 messages). A large import
+    takes its time, and the flooding tenant's client waits for it, rather than being answered
+    degraded at once and sending the next while the spill's replay writes the last."""
+    return max(1.0, messages / HEAVY_TURN_MESSAGES)
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 
