@@ -59,6 +59,9 @@ class ServerConfig(_Strict):
     # When set, GET /metrics wants `Authorization: Bearer <metrics_key>` (it names tenants and
     # the models their clients ask for); when null it is open, like /healthz.
     metrics_key: str | None = Field(None, min_length=1)
+    # Signs the web inspector's (/ui) session cookies; give every replica the same one. When
+    # null, a secret made at start-up: sessions end on restart and do not cross replicas.
+    ui_secret: str | None = Field(None, min_length=16)
     # The background job queue (memory extraction): how often each replica looks for due jobs
     # (it also looks at once when it queues one), how many it runs at a time, how long a job
     # may run before another replica may take it over, and its retries.

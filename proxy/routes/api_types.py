@@ -284,6 +284,19 @@ class Deleted(Struct, kw_only=True):
     deleted: Literal[True]
 
 
+class User(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.user"]
+    conversations: int
+    messages: int
+    memories: int
+    last_active_at: Timestamp
+
+
+class UserList(_Page, kw_only=True):
+    data: list[User]
+
+
 class UserDeleted(Struct, kw_only=True):
     object: Literal["memory.user.deleted"]
     user: str
