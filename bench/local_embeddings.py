@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["process"] = json.loads(probe.stdout.strip().splitlines()[-1])
 
     from proxy.background import local_model
-    from proxy.background.embedding_jobs import CHUNK
+    from proxy.background.item_embedder import CHUNK
 
     model = local_model.load()
     texts = turns(args.data)

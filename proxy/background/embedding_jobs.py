@@ -12,28 +12,17 @@ metrics).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import structlog
 from sqlalchemy import Connection
 
-from policies.pricing import Usage
-from policies.vectors import EMBED_JOB_KIND, BadVector, encode
-from proxy.accounting.charges import EMBEDDING, MemoryCharges
-from proxy.accounting.metrics import Metrics
-from proxy.background.embeddings import Embedded, EmbeddingError, Embeddings
-from proxy.background.jobs import Apply, JobFailed
-from storage.database import Database
-from storage.errors import StorageError
+from policies.vectors import EMBED_JOB_KIND
+from proxy.background.item_embedder import ItemEmbedder, Pending
 from storage.records import JobRecord
 from storage.repositories.jobs import Jobs
-from storage.repositories.vectors import MessageVectors, NewVector, Unembedded
-
-log = structlog.get_logger("memproxy.embedding_jobs")
-# Messages embedded per attempt: an attempt stays well inside its lease with the local model
-# on two cores (about 30 a second), and a large import is embedded in steps that each count.
-CHUNK = 256
+from storage.repositories.vectors import MessageVectors, NewVector
 
 
 def _now() -> datetime:
@@ -74,90 +63,56 @@ def queue_range(
     )
 
 
-class MessageEmbedder:
-    """The handler of `embed_messages` jobs, for every tenant."""
+class MessageEmbedder(ItemEmbedder):
+    """The handler of `embed_messages` jobs, for every tenant: a stored exchange's messages
+    (the job's ref is its request id, charged the call) or a range of a conversation's (an
+    import, an append, the catch-up: charged to no exchange)."""
 
-    def __init__(
-        self, embeddings: Embeddings, db: Database, metrics: Metrics, charges: MemoryCharges
-    ) -> None:
-        self.embeddings, self.db, self.metrics, self.charges = embeddings, db, metrics, charges
-
-    def _pending(self, conn: Connection, job: JobRecord, model: str) -> list[Unembedded]:
+    def pending(self, conn: Connection, job: JobRecord, model: str) -> list[Pending]:
         vectors = MessageVectors(conn)
         payload = job.payload or {}
         if "conversation_pk" in payload:
-            return vectors.unembedded(
+            found = vectors.unembedded(
                 job.tenant_id,
                 job.user_id,
                 model,
                 conversation_pk=int(payload["conversation_pk"]),
                 first_seq=int(payload.get("first_seq") or 0),
                 last_seq=payload.get("last_seq"),
-                limit=CHUNK,
+                limit=self.chunk,
             )
-        return vectors.unembedded(
-            job.tenant_id, job.user_id, model, exchange_id=job.ref, limit=CHUNK
-        )
-
-    async def _charge(self, job: JobRecord, model: str, usage: Usage | None) -> None:
-        """Charge what the embedding used (None: nothing paid for), whatever becomes of the
-        vectors."""
-        if usage is None:
-            return
-        try:
-            await self.charges.charge(
-                job.tenant_id, job.ref, kind=EMBEDDING, model=model, usage=usage
+        else:
+            found = vectors.unembedded(
+                job.tenant_id, job.user_id, model, exchange_id=job.ref, limit=self.chunk
             )
-        except StorageError as exc:
-            log.error("embedding_cost_not_recorded", job=job.pk, error=str(exc))
+        return [Pending(m.pk, m.seq, m.text, group=m.conversation_pk) for m in found]
 
-    async def __call__(self, job: JobRecord) -> Apply:
-        embedder = self.embeddings.embedder(job.tenant_id)
-        if embedder is None:
-            return lambda conn: {"skipped": "embeddings are off for this tenant now"}
-        model = embedder.model
-        pending = await self.db.read(lambda conn: self._pending(conn, job, model))
-        if not pending:
-            # Embedded already, or erased / deleted since.
-            return lambda conn: {"model": model, "embedded": 0}
+    def known(self, job: JobRecord, model: str, pending: Sequence[Pending]) -> list[Any]:
         # A turn's question was embedded on the request path: its stored message is not again.
-        known = [self.embeddings.recent(job.tenant_id, model, m.text) for m in pending]
-        missing = [m.text for m, vector in zip(pending, known, strict=True) if vector is None]
-        try:
-            embedded = await embedder.embed(missing) if missing else Embedded([])
-        except EmbeddingError as exc:
-            await self._charge(job, model, exc.paid)
-            raise JobFailed(str(exc)) from exc
-        await self._charge(job, model, embedded.usage)
-        made = iter(embedded.vectors)
-        try:
-            vectors = [vector if vector is not None else next(made) for vector in known]
-            rows = [
-                NewVector(m.pk, encode(v), len(v)) for m, v in zip(pending, vectors, strict=True)
-            ]
-        except (BadVector, ValueError, StopIteration) as exc:
-            raise JobFailed(str(exc)) from exc
+        return [self.embeddings.recent(job.tenant_id, model, p.text) for p in pending]
 
-        def apply(conn: Connection) -> dict[str, Any]:
-            stored = MessageVectors(conn).store(job.tenant_id, job.user_id, model, rows, now=_now())
-            self.metrics.embedded_messages.labels(job.tenant_id).inc(stored)
-            result: dict[str, Any] = {"model": model, "embedded": stored}
-            last, payload = pending[-1], job.payload or {}
-            through = payload.get("last_seq")
-            # A whole chunk: there may be more, a job for the rest (if the range has one).
-            if len(pending) == CHUNK and (through is None or last.seq < int(through)):
-                queue_range(
-                    conn,
-                    job.tenant_id,
-                    job.user_id,
-                    last.conversation_pk,
-                    last.seq + 1,
-                    through,
-                    # (a job queued before subjects named conversations: its pk, as it did)
-                    subject=str(payload.get("subject") or last.conversation_pk),
-                    now=_now(),
-                )
-                result["continued_from"] = last.seq + 1
-            return result
+    def charged_to(self, job: JobRecord) -> str | None:
+        return None if "conversation_pk" in (job.payload or {}) else job.ref
 
-        return apply
+    def store(self, conn: Connection, job: JobRecord, model: str, rows: Sequence[NewVector]) -> int:
+        stored = MessageVectors(conn).store(job.tenant_id, job.user_id, model, rows, now=_now())
+        self.metrics.embedded_messages.labels(job.tenant_id).inc(stored)
+        return stored
+
+    def queue_rest(self, conn: Connection, job: JobRecord, last: Pending) -> dict[str, Any]:
+        payload = job.payload or {}
+        through = payload.get("last_seq")
+        if through is not None and last.seq >= int(through):
+            return {}  # (the range's end)
+        queue_range(
+            conn,
+            job.tenant_id,
+            job.user_id,
+            last.group,
+            last.seq + 1,
+            through,
+            # (a job queued before subjects named conversations: its pk, as it did)
+            subject=str(payload.get("subject") or last.group),
+            now=_now(),
+        )
+        return {"continued_from": last.seq + 1}

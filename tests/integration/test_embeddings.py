@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.background.embedding_jobs import CHUNK
 from proxy.background.embeddings import UPSTREAM_BATCH
+from proxy.background.item_embedder import CHUNK
 from proxy.core.config import Config, ContextSettings, MemorySettings, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, concept_embedding, error_reply

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.background import embedding_items
+from proxy.background.item_embedder import ItemEmbedder
 from proxy.core.config import (
     Config,
     ContextSettings,
@@ -201,7 +201,7 @@ async def test_inline_documents_are_embedded_and_found_by_meaning_later(
 async def test_what_one_job_cannot_embed_at_once_is_left_to_the_next(
     http: httpx.AsyncClient, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(embedding_items, "CHUNK", 3)
+    monkeypatch.setattr(ItemEmbedder, "chunk", 3)
     await upload(http, "docs")
     for text in [DOG, *OTHERS, "Prefers green tea"]:
         await remember(http, text)
