@@ -125,7 +125,7 @@ class TurnExchange:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(req.turn.model, self.prompt_tokens)
             watch = StreamWatch(
-                self.wire.stream_reader(),
+                self.wire.stream_reader(self.prompt_tokens),
                 request_id=req.request_id,
                 settle=self._settle_stream,
                 spawn=self.services.spawn,

@@ -17,6 +17,7 @@ from proxy.protocols.anthropic.from_chat import (
     message_from_chat,
     stored_reply,
 )
+from proxy.protocols.anthropic.native import to_native
 from proxy.protocols.anthropic.request import check_request, parse_messages
 from proxy.protocols.anthropic.to_chat import chat_request
 from storage.records import KEPT_ITEMS
@@ -390,3 +391,35 @@ def test_a_native_stream_folds_into_the_reply_and_its_usage() -> None:
         "total_tokens": 102,
         "prompt_tokens_details": {"cached_tokens": 90},
     }
+
+
+def test_a_failed_tool_result_is_marked_in_its_tool_message_and_again_natively() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f"}]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": "boom",
+                        "is_error": True,
+                    },
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "fine"},
+                ],
+            },
+        ],
+    }
+    messages = parse_messages(body).messages
+    assert messages[2] == {"role": "tool", "tool_call_id": "t1", "content": "[tool error]\nboom"}
+    assert messages[3] == {"role": "tool", "tool_call_id": "t2", "content": "fine"}
+    turns = to_native(messages)
+    results = turns[-1]["content"]
+    assert results[0]["is_error"] is True and results[0]["content"] == [
+        {"type": "text", "text": "boom"}
+    ]
+    assert "is_error" not in results[1]

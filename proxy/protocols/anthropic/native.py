@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from proxy.protocols.anthropic.from_chat import as_object
-from proxy.protocols.anthropic.request import ParsedMessages, assistant_message
+from proxy.protocols.anthropic.request import ParsedMessages, assistant_message, unmarked_error
 from storage.records import KEPT_ITEMS
 
 
@@ -144,14 +144,15 @@ def to_native(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             turn_role = "assistant"
         elif role == "tool":
-            result = _parts(message.get("content"))
-            blocks = [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": message.get("tool_call_id"),
-                    "content": result,
-                }
-            ]
+            content, failed = unmarked_error(message.get("content"))
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": message.get("tool_call_id"),
+                "content": _parts(content),
+            }
+            if failed:
+                result["is_error"] = True
+            blocks = [result]
             turn_role = "user"
         elif role == "user":
             blocks = _parts(message.get("content"))

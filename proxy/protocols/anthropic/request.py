@@ -3,7 +3,9 @@
     system (string, or text blocks)         a `system` message (blocks' texts joined)
     user: text blocks                       a `user` message, content the texts joined
     user: image, document blocks            content parts: `image_url`, `file`, `text`
-    user: tool_result blocks                `tool` messages (tool_call_id), before the rest
+    user: tool_result blocks                `tool` messages (tool_call_id), before the rest;
+                                            `is_error: true` as TOOL_ERROR at the content's
+                                            head, which a chat model reads too
     assistant: text blocks                  an `assistant` message, content the texts joined
     assistant: tool_use blocks              its `tool_calls` (arguments: `input` as JSON)
     assistant: thinking, redacted_thinking, kept whole beside the message (KEPT_ITEMS), never
@@ -24,6 +26,10 @@ from typing import Any
 from proxy.core.errors import BadRequest
 from storage.records import KEPT_ITEMS
 
+# A tool_result with `is_error: true`: its `tool` message's content begins with this, so a chat
+# upstream sees the failure too, and a native request rebuilt from stored history
+# (native.to_native) marks the block again.
+TOOL_ERROR = "[tool error]\n"
 USER_BLOCKS = frozenset({"text", "image", "document", "tool_result", "search_result"})
 
 
@@ -186,6 +192,8 @@ def _user(content: Any, where: str, dropped: list[str]) -> list[dict[str, Any]]:
                 raise BadRequest(f"{at}.tool_use_id: Field required", param=f"{at}.tool_use_id")
             result = _user(block.get("content") or "", at, dropped)
             reply = result[0].get("content") if result else ""
+            if block.get("is_error") is True:
+                reply = marked_error(reply)
             out.append({"role": "tool", "tool_call_id": call, "content": reply})
         elif kind not in USER_BLOCKS:
             raise BadRequest(
@@ -196,6 +204,23 @@ def _user(content: Any, where: str, dropped: list[str]) -> list[dict[str, Any]]:
         only_text = len(texts) == len(parts)
         out.append({"role": "user", "content": _joined(texts) if only_text else parts})
     return out
+
+
+def marked_error(content: Any) -> Any:
+    """A failed tool's result (text, or content parts) with TOOL_ERROR at its head."""
+    if isinstance(content, list):
+        return [{"type": "text", "text": TOOL_ERROR.rstrip()}, *content]
+    return TOOL_ERROR + (content or "")
+
+
+def unmarked_error(content: Any) -> tuple[Any, bool]:
+    """(`content` without TOOL_ERROR, whether it had it): marked_error undone."""
+    if isinstance(content, str) and content.startswith(TOOL_ERROR):
+        return content[len(TOOL_ERROR) :], True
+    head = content[0] if isinstance(content, list) and content else None
+    if isinstance(head, dict) and head.get("text") == TOOL_ERROR.rstrip():
+        return content[1:], True
+    return content, False
 
 
 def assistant_message(blocks: list[dict[str, Any]], where: str = "content") -> dict[str, Any]:
