@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 
 from proxy.protocols.anthropic.from_chat import as_object
-from proxy.protocols.anthropic.request import ParsedMessages, assistant_message, unmarked_error
-from storage.records import KEPT_ITEMS
+from proxy.protocols.anthropic.request import ParsedMessages, assistant_message
+from proxy.upstream.anthropic_blocks import chat_usage, to_native
 
 
 def native_body(
@@ -92,104 +92,6 @@ def with_context(message: dict[str, Any], text: str) -> dict[str, Any]:
         at += 1
     blocks.insert(at, {"type": "text", "text": text})
     return {**message, "content": blocks}
-
-
-def _parts(content: Any) -> list[dict[str, Any]]:
-    """Neutral content as Messages API blocks."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    blocks: list[dict[str, Any]] = []
-    for part in content or []:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            blocks.append({"type": "text", "text": part.get("text", "")})
-        elif kind == "image_url":
-            url = str((part.get("image_url") or {}).get("url", ""))
-            head, _, data = url.partition(";base64,")
-            if url.startswith("data:") and data:
-                source = {"type": "base64", "media_type": head[5:], "data": data}
-            else:
-                source = {"type": "url", "url": url}
-            blocks.append({"type": "image", "source": source})
-        elif kind == "file":
-            data = str((part.get("file") or {}).get("file_data", ""))
-            head, _, encoded = data.partition(";base64,")
-            if encoded:
-                source = {"type": "base64", "media_type": head[5:], "data": encoded}
-                blocks.append({"type": "document", "source": source})
-    return blocks
-
-
-def to_native(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stored neutral messages as Messages API turns: tool results in a user turn, turns of
-    one role merged, starting with a user turn (the tail of a history may begin mid-way)."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            blocks = [*message.get(KEPT_ITEMS, []), *_parts(message.get("content"))]
-            for call in message.get("tool_calls") or []:
-                function = call.get("function") or {}
-                try:
-                    arguments = json.loads(function.get("arguments") or "{}")
-                except ValueError:
-                    arguments = {}
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call.get("id"),
-                        "name": function.get("name"),
-                        "input": arguments if isinstance(arguments, dict) else {},
-                    }
-                )
-            turn_role = "assistant"
-        elif role == "tool":
-            content, failed = unmarked_error(message.get("content"))
-            result: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": message.get("tool_call_id"),
-                "content": _parts(content),
-            }
-            if failed:
-                result["is_error"] = True
-            blocks = [result]
-            turn_role = "user"
-        elif role == "user":
-            blocks = _parts(message.get("content"))
-            turn_role = "user"
-        else:
-            continue
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == turn_role:
-            out[-1]["content"].extend(blocks)
-        elif out or turn_role == "user":
-            out.append({"role": turn_role, "content": blocks})
-    return out
-
-
-def chat_usage(usage: Any) -> dict[str, Any] | None:
-    """Anthropic usage in the Chat Completions shape: the prompt is the whole of it (input,
-    cache writes and cache reads), as the pricer and x-usage-prompt-tokens count it."""
-    if not isinstance(usage, dict):
-        return None
-
-    def count(name: str) -> int:
-        value = usage.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    written, read = count("cache_creation_input_tokens"), count("cache_read_input_tokens")
-    prompt = count("input_tokens") + written + read
-    completion = count("output_tokens")
-    chat: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": read},
-    }
-    if written:
-        chat["cache_creation_input_tokens"] = written
-    return chat
 
 
 def observe_message(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -24,12 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.errors import BadRequest
+from proxy.upstream.anthropic_blocks import marked_error
 from storage.records import KEPT_ITEMS
 
-# A tool_result with `is_error: true`: its `tool` message's content begins with this, so a chat
-# upstream sees the failure too, and a native request rebuilt from stored history
-# (native.to_native) marks the block again.
-TOOL_ERROR = "[tool error]\n"
 USER_BLOCKS = frozenset({"text", "image", "document", "tool_result", "search_result"})
 
 
@@ -204,23 +201,6 @@ def _user(content: Any, where: str, dropped: list[str]) -> list[dict[str, Any]]:
         only_text = len(texts) == len(parts)
         out.append({"role": "user", "content": _joined(texts) if only_text else parts})
     return out
-
-
-def marked_error(content: Any) -> Any:
-    """A failed tool's result (text, or content parts) with TOOL_ERROR at its head."""
-    if isinstance(content, list):
-        return [{"type": "text", "text": TOOL_ERROR.rstrip()}, *content]
-    return TOOL_ERROR + (content or "")
-
-
-def unmarked_error(content: Any) -> tuple[Any, bool]:
-    """(`content` without TOOL_ERROR, whether it had it): marked_error undone."""
-    if isinstance(content, str) and content.startswith(TOOL_ERROR):
-        return content[len(TOOL_ERROR) :], True
-    head = content[0] if isinstance(content, list) and content else None
-    if isinstance(head, dict) and head.get("text") == TOOL_ERROR.rstrip():
-        return content[1:], True
-    return content, False
 
 
 def assistant_message(blocks: list[dict[str, Any]], where: str = "content") -> dict[str, Any]:
