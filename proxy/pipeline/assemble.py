@@ -97,6 +97,7 @@ async def assemble_turn(
         messages,
         history,
         replace(budget, token_budget=left - max(0, recall_budget)),
+        count_use=not req.dry_run,
     )
     history = summarized.history
     recalled = await recall_for(req, turn, history, recall_budget, question) if use_memory else None
@@ -128,7 +129,7 @@ async def assemble_turn(
         )
     sent = assembly is not None and assembly.recalled  # (not dropped for the window)
     shown = found if sent else NOTHING
-    if shown.memory_pks and turn is not None:
+    if shown.memory_pks and turn is not None and not req.dry_run:
         _count_memory_use(req, turn, shown.memory_pks)
     record = attached_record(
         req.services.ids, assembly, shown, by_policy, recalled.ms if recalled else None
@@ -242,6 +243,7 @@ async def _attach(
             started_at=req.started_at,
             storage_away=turn is None,
             semantic=semantic,
+            model_calls=not req.dry_run,
         )
     except Exception:  # a bug here must not fail the turn: logged, the request goes on
         log.exception("attachments_error", request_id=req.request_id)

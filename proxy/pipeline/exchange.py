@@ -168,6 +168,15 @@ class TurnExchange:
             response.headers["x-memory-intent"] = intent.header()
         return response
 
+    async def prompt(self) -> list[dict[str, Any]]:
+        """The messages the upstream would be sent for this turn now, the proxy's context
+        placed among them: the read stages alone, for a request made with `dry_run`
+        (count_tokens), which store, queue and charge nothing."""
+        assert self.req.dry_run
+        await self._remember()
+        assembly = self.assembled.assembly
+        return assembly.messages if assembly is not None else self.req.turn.messages
+
     async def _remember(self) -> None:
         """Store the turn (per the memory mode), classify it and assemble what it gets."""
         req = self.req

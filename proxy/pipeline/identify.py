@@ -94,6 +94,9 @@ class TurnRequest:
     upstream: Upstream
     info: RequestInfo
     started_at: datetime = field(default_factory=now)
+    # Only what would be sent is wanted (count_tokens): the read stages run, nothing is
+    # stored or queued, and no model is called (exchange.TurnExchange.prompt).
+    dry_run: bool = False
 
     @classmethod
     def of(
@@ -102,6 +105,8 @@ class TurnRequest:
         principal: Principal,
         services: AppState,
         turn: NeutralTurn,
+        *,
+        dry_run: bool = False,
     ) -> TurnRequest:
         return cls(
             request,
@@ -111,6 +116,7 @@ class TurnRequest:
             identify(request, principal, turn.user_fields, turn.conversation_id),
             services.upstream_for(principal),
             request_info(request.scope),
+            dry_run=dry_run,
         )
 
     @property

@@ -336,6 +336,50 @@ async def test_count_tokens_counts_what_would_be_sent(
     assert 0 < plain.input_tokens < more.input_tokens
 
 
+async def test_count_tokens_counts_the_proxys_context_and_stores_nothing(
+    proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
+) -> None:
+    fake, base = proxy
+    told: Any = [{"role": "user", "content": "We named the beagle Biscuit."}]
+    reply = await client.messages.create(
+        model=MODEL, max_tokens=100, messages=told, extra_headers=user("alice")
+    )
+    told.append({"role": "assistant", "content": reply.content[0].text})  # type: ignore[union-attr]
+    question: Any = [{"role": "user", "content": "What is my beagle called?"}]
+    asked = len(fake.chat_requests)
+    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as h:
+
+        async def stored() -> list[Any]:
+            listed = (await h.get("/v1/memory/conversations", params={"user": "alice"})).json()
+            return [
+                (await h.get(f"/v1/memory/conversations/{c['id']}/messages")).json()["data"]
+                for c in listed["data"]
+            ]
+
+        before = await stored()
+        recalled = await client.messages.count_tokens(
+            model=MODEL, messages=question, extra_headers=user("alice")
+        )
+        off = await client.messages.count_tokens(
+            model=MODEL, messages=question, extra_headers={**user("alice"), "X-Memory-Mode": "off"}
+        )
+        # (the stored conversation continued: its history is counted, nothing appended)
+        continued = await client.messages.count_tokens(
+            model=MODEL, messages=[*told, *question], extra_headers=user("alice")
+        )
+        plain = await client.messages.count_tokens(
+            model=MODEL,
+            messages=[*told, *question],
+            extra_headers={**user("alice"), "X-Memory-Mode": "off"},
+        )
+        assert recalled.input_tokens > off.input_tokens + 10
+        assert continued.input_tokens >= plain.input_tokens
+        assert await stored() == before and len(before) == 1
+        exchanges = (await h.get("/v1/memory/usage", params={"group_by": "user"})).json()
+    assert [row["requests"] for row in exchanges["data"]] == [1]
+    assert len(fake.chat_requests) == asked  # (no model was called)
+
+
 async def test_errors_come_in_anthropics_shape(
     proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
 ) -> None:
