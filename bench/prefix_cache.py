@@ -1,40 +1,38 @@
-"""How much of each Responses API prompt a provider's prefix cache can serve, for the two ways
-memproxy can keep the state of a `previous_response_id` chain, with memory on and off.
+"""How much of each prompt a provider's prefix cache can serve, per protocol (Chat Completions,
+Responses, Anthropic Messages), with memory on and off.
 
-    upstream state   (a) a native upstream keeps the chain: the client sends only its new input
-                     with `previous_response_id`; memproxy forwards it and puts its context in
-                     `instructions` (what memproxy does on a native upstream with `store` on).
-    memproxy state   (b) the whole assembled input goes up every turn, without
-                     `previous_response_id`; memproxy's context is a system message right before
-                     the newest user message. Measured two ways that send the same prompt:
-                     a `store: false` client resending its input on the native upstream, and a
-                     client chaining `previous_response_id` on a translated upstream (memproxy
-                     sends the chain it keeps as chat messages).
-    client state     a client that resends its whole input but leaves `store` on (the API's
-                     default, the Agents SDK's without `previous_response_id`): the upstream
-                     stores each response, so memproxy's context goes into `instructions` as in
-                     (a), although no request continues one.
+Workload (issue 36): a 1,500-token system prompt; a user with three earlier 40-turn
+conversations on related topics (a trip to Norway, a kitchen renovation, training the dog), so
+recall has something to attach every turn; a new 20-turn conversation whose turns refer back to
+them, sent by a client that resends its whole history (and, on the Responses API, also by one
+that chains `previous_response_id`). Replies are about 120 tokens. Memory off:
+`X-Memory-Mode: off` (nothing attached, nothing stored; the Responses chain then resends its
+input, since mode off keeps no response to chain onto).
 
-Workload: a ~1,500-token `instructions` prompt and 20 turns of one conversation, replies of
-about 120 tokens. Memory on: the user has ten earlier conversations, one fact each, and most
-turns mention one of them, so recall attaches something on most turns. Memory off:
-`X-Memory-Mode: off` (nothing attached, nothing stored; on the translated upstream the client
-then resends its input, since mode off keeps no response to chain onto).
+For every turn, the request's effective prompt is what the provider assembles: the system
+prompt (`instructions`, `system`), then the messages or items it gets (for a native Responses
+upstream with `previous_response_id`: the stored chain's items, then the new input), each
+tokenised with tiktoken (o200k_base) with its role as a header. The figure is the share of those
+tokens that equal the previous request's effective prompt from its start (the longest common
+token prefix: what a prefix cache could serve), averaged over turns 2-20; and memory on's share
+over memory off's (the target: at least 0.90).
 
-For every turn, the request's effective prompt is what the provider assembles: (a)
-`instructions`, then the stored chain's input and output items, then the new input; (b) the
-input as sent (`instructions` first). It is tokenised with tiktoken (o200k_base, the model's
-encoding in policies/tokens.py), one message at a time with its role as a header. The
-figure is the share of those tokens that equal the previous request's effective prompt from
-its start (the longest common token prefix: what a prefix cache could serve), averaged over
-turns 2-20. It also counts the items of the responses the native upstream stored that carry
-memproxy's context (0: the context never accumulates in upstream state).
+    protocol    upstream, client
+    chat        openai (chat completions), history resent
+    responses   native (a Responses API), previous_response_id: memproxy's context in
+                `instructions` (the upstream keeps the chain; context must not enter it)
+    responses   native, `store: false`, input resent: context before the newest user message
+    responses   native, `store` left on, input resent: as with previous_response_id
+    responses   translated (chat completions), previous_response_id: memproxy keeps the chain
+    messages    translated (chat completions), history resent
+    messages    anthropic (the Messages API), history resent: context as a text block at the
+                head of the newest user turn
 
-Every server is real, on 127.0.0.1: memproxy (SQLite in a temp dir) and the tests' strict fake
-Responses API (tests/fakes/openai_responses.py) or fake chat completions API, each a uvicorn
-server in a thread. About 15 s.
+Every server is real, on 127.0.0.1: memproxy (SQLite in a temp dir, recall by words:
+`memory.embeddings: off`, so every run attaches the same) and the tests' strict fakes (chat
+completions, Responses API, Messages API), each a uvicorn server in a thread. Under a minute.
 
-    .venv/bin/python bench/responses_prefix.py [--turns 20] [--json figures.json]
+    .venv/bin/python bench/prefix_cache.py [--turns 20] [--budget 2000] [--json figures.json]
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,59 +57,108 @@ import tiktoken
 
 from policies.tokens import encoding_name, message_text, response_item_text
 from proxy.app import create_app
-from proxy.core.config import Config, DatabaseConfig, ServerConfig, TenantConfig, UpstreamConfig
+from proxy.core.config import (
+    Config,
+    ContextSettings,
+    DatabaseConfig,
+    MemorySettings,
+    ServerConfig,
+    TenantConfig,
+    UpstreamConfig,
+)
 from proxy.core.logs import configure_logging
 from proxy.core.offline import prepare_offline_environment
+from tests.fakes.anthropic_upstream import API_KEY as ANTHROPIC_KEY
+from tests.fakes.anthropic_upstream import FakeAnthropic
+from tests.fakes.anthropic_upstream import Reply as AnthropicReply
 from tests.fakes.openai_responses import FakeResponses
 from tests.fakes.openai_upstream import FakeOpenAI, Recorded, Reply
 from tests.fakes.server import ServerThread
 
 MODEL = "gpt-4o"
-# The clients: new input and previous_response_id; the whole input resent with `store: false`;
-# the same with `store` left on (the API's default).
-CHAIN, RESEND, RESEND_STORED = "chain", "resend", "resend-stored"
 # How memproxy's recalled context begins (policies/recall.py): found in the upstream's stored
 # items, it would have accumulated in upstream state.
 CONTEXT_MARK = "Excerpts from earlier conversations"
 API_KEY = "bench-key"
 INSTRUCTIONS_TOKENS = 1500
 REPLY_WORDS = 90  # about 120 tokens with the fake's own sentence
+EARLIER_TURNS = 40
 
-# Facts of the user's earlier conversations (one conversation each) ...
-FACTS = [
-    ("My sister Ingrid lives in Trondheim and I visit her every May.", "Noted: Trondheim."),
-    ("I am allergic to peanuts, so keep them out of any recipe.", "Understood, no peanuts."),
-    ("Our dog Pixel is a border collie who needs long walks.", "Pixel sounds lovely."),
-    ("I work night shifts as a nurse at the Riverside clinic.", "Night shifts are hard."),
-    ("My car is an old Volvo estate with a roof box.", "A practical car."),
-    ("I am learning Portuguese for a trip to Lisbon next year.", "Boa sorte!"),
-    ("My daughter Mira plays the cello in the school orchestra.", "How nice."),
-    ("I run a small bakery that opens at six on weekdays.", "Early mornings, then."),
-    ("We are renovating the kitchen with oak cabinets.", "Oak is durable."),
-    ("I keep bees on the allotment behind the railway.", "Bees are fascinating."),
+# The user's earlier conversations: (title, what each turn is about, the details it names).
+TOPICS = [
+    (
+        "Norway trip",
+        "For the Norway trip, day {n} is {thing}: we agreed to book it early and pack layers.",
+        [
+            "the Flam railway",
+            "Bergen fish market",
+            "Trondheim cathedral",
+            "Geiranger fjord",
+            "the Lofoten ferry",
+            "Tromso northern lights",
+            "the Oslo opera house",
+            "Preikestolen hike",
+            "the Atlantic road",
+            "Alesund viewpoint",
+        ],
+    ),
+    (
+        "kitchen renovation",
+        "For the kitchen renovation, step {n} is {thing}: the budget allows it if we do it "
+        "before the summer.",
+        [
+            "oak cabinets",
+            "a quartz worktop",
+            "terracotta floor tiles",
+            "a ceramic sink",
+            "brass handles",
+            "an induction hob",
+            "pendant lights",
+            "a tiled splashback",
+            "open shelving",
+            "a larder cupboard",
+        ],
+    ),
+    (
+        "training Pixel",
+        "For training Pixel the border collie, lesson {n} is {thing}: ten minutes twice a day "
+        "with treats.",
+        [
+            "sit and stay",
+            "recall in the park",
+            "loose lead walking",
+            "leave it",
+            "the agility tunnel",
+            "weaving poles",
+            "a calm greeting",
+            "crate rest",
+            "fetch with a frisbee",
+            "settling on a mat",
+        ],
+    ),
 ]
-# ... and the turns of the measured conversation: most mention one of them.
+# The measured conversation: every turn refers back to one of them.
 TURNS = [
-    "What should I pack for Trondheim?",
-    "Can you suggest a snack for the flight without peanuts?",
-    "Which walks near the station would suit Pixel?",
-    "How do I sleep well after night shifts?",
-    "Will the roof box fit skis for the Volvo?",
-    "Give me three Portuguese phrases for a café.",
-    "What is a good cello piece for a beginner like Mira?",
-    "How early should the bakery order flour?",
-    "Which finish protects oak cabinets best?",
-    "When do bees swarm in spring?",
-    "Summarise what we discussed so far.",
-    "And what about Trondheim in winter?",
-    "Any peanuts-free dessert for a bakery menu?",
-    "Is Pixel too old for agility classes?",
-    "What should a nurse keep in a night-shift bag?",
-    "How do I say 'thank you very much' in Portuguese?",
-    "Thanks. Anything else I should know?",
-    "Should the kitchen get oak or tiled floors?",
-    "What do bees need in a dry summer?",
-    "Which cello strings last longest?",
+    "What did we decide about the Flam railway on the Norway trip?",
+    "Remind me which worktop we chose for the kitchen renovation.",
+    "How was Pixel doing with recall in the park?",
+    "Should we still do the Geiranger fjord day, or swap it?",
+    "What floor tiles did we pick, and do they suit oak cabinets?",
+    "Which lesson came after loose lead walking for Pixel?",
+    "Is the Lofoten ferry worth it in the time we have in Norway?",
+    "What lights did we want over the kitchen island?",
+    "Can Pixel come on the Preikestolen hike?",
+    "Remind me of the plan for the tiled splashback.",
+    "What was the idea for the Atlantic road day?",
+    "How many treats a day did we settle on for Pixel's training?",
+    "Did we book the Bergen fish market visit early enough?",
+    "Would brass handles clash with the induction hob?",
+    "What should Pixel practise while we are in Norway?",
+    "Which viewpoint near Alesund did we plan for?",
+    "Is open shelving practical next to the larder cupboard?",
+    "How do we keep the weaving poles lesson going at home?",
+    "What layers do we pack for Tromso northern lights?",
+    "Summarise the plans for the trip, the kitchen and Pixel.",
 ]
 
 
@@ -189,6 +236,156 @@ def item_message(item: dict[str, Any]) -> tuple[str, str]:
 # -- measuring ---------------------------------------------------------------------------------------
 
 
+def context_in_upstream_state(fake: BenchResponses) -> int:
+    """The items of the upstream's stored responses (their chains' inputs and outputs) that
+    carry memproxy's context: 0 when the context never accumulates in upstream state."""
+    return sum(
+        CONTEXT_MARK in item_message(item)[1]
+        for stored in fake.stored.values()
+        for item in stored.context + stored.response["output"]
+    )
+
+
+class BenchAnthropic(FakeAnthropic):
+    """The strict fake Messages API; `prompts` as BenchChat's (the system prompt, then each
+    turn's blocks' text); replies padded to about 120 tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[list[tuple[str, str]]] = []
+
+    async def _send(self, reply: AnthropicReply, receive: Any, send: Any) -> None:
+        body = self.requests[-1].json()
+        if reply.status == 200 and isinstance(reply.body, dict):
+            prompt = [("system", anthropic_text(body["system"]))] if body.get("system") else []
+            prompt += [(m["role"], anthropic_text(m["content"])) for m in body["messages"]]
+            self.prompts.append(prompt)
+            # (the fake echoes the newest turn whole, the proxy's context block included:
+            # answered to the user's own text, as BenchChat's fake is)
+            newest = body["messages"][-1]["content"]
+            asked = newest if isinstance(newest, str) else str(newest[-1].get("text", ""))
+            text = f"fake claude reply to: {asked}"
+            reply.body["content"][0]["text"] = text + " " + padding(text)
+        await super()._send(reply, receive, send)
+
+
+def anthropic_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    out = []
+    for block in content:
+        if block.get("type") == "tool_result":
+            out.append(anthropic_text(block.get("content") or []))
+        else:
+            out.append(str(block.get("text", "")))
+    return "\n".join(out)
+
+
+# -- the clients ---------------------------------------------------------------------------------
+
+# One client's turn: (system prompt, its state, the new user text) -> (request path, body).
+Client = Callable[[str, dict[str, Any], str], tuple[str, dict[str, Any]]]
+
+
+def chat_client(system: str, state: dict[str, Any], text: str) -> tuple[str, dict[str, Any]]:
+    history = state.setdefault("messages", [{"role": "system", "content": system}])
+    history.append({"role": "user", "content": text})
+    return "/v1/chat/completions", {"model": MODEL, "messages": list(history)}
+
+
+def chat_reply(state: dict[str, Any], reply: dict[str, Any]) -> None:
+    state["messages"].append(reply["choices"][0]["message"])
+
+
+def responses_client(store: bool | None) -> Client:
+    """A Responses client that resends its input (`store` as given; None: left out)."""
+
+    def turn(system: str, state: dict[str, Any], text: str) -> tuple[str, dict[str, Any]]:
+        items = state.setdefault("items", [])
+        items.append({"role": "user", "content": text})
+        body: dict[str, Any] = {"model": MODEL, "instructions": system, "input": list(items)}
+        if store is not None:
+            body["store"] = store
+        return "/v1/responses", body
+
+    return turn
+
+
+def chain_client(system: str, state: dict[str, Any], text: str) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {"model": MODEL, "instructions": system, "input": text}
+    if state.get("previous"):
+        body["previous_response_id"] = state["previous"]
+    return "/v1/responses", body
+
+
+def responses_reply(state: dict[str, Any], reply: dict[str, Any]) -> None:
+    state["previous"] = reply["id"]
+    state.setdefault("items", []).extend(reply["output"])
+
+
+def messages_client(system: str, state: dict[str, Any], text: str) -> tuple[str, dict[str, Any]]:
+    history = state.setdefault("messages", [])
+    history.append({"role": "user", "content": text})
+    body = {"model": MODEL, "max_tokens": 300, "system": system, "messages": list(history)}
+    return "/v1/messages", body
+
+
+def messages_reply(state: dict[str, Any], reply: dict[str, Any]) -> None:
+    state["messages"].append({"role": "assistant", "content": reply["content"]})
+
+
+@dataclass(frozen=True)
+class Case:
+    protocol: str
+    how: str
+    upstream: str  # "chat", "responses" or "anthropic": which fake serves it
+    client: Client
+    read: Callable[[dict[str, Any], dict[str, Any]], None]
+    responses: str | None = None  # the upstream's `responses` mode
+    chain: bool = False  # memory off resends instead (mode off keeps no response)
+
+
+CASES = [
+    Case("chat", "openai, history resent", "chat", chat_client, chat_reply),
+    Case(
+        "responses",
+        "native, previous_response_id",
+        "responses",
+        chain_client,
+        responses_reply,
+        chain=True,
+    ),
+    Case(
+        "responses",
+        "native, store: false, input resent",
+        "responses",
+        responses_client(False),
+        responses_reply,
+    ),
+    Case(
+        "responses",
+        "native, store on, input resent",
+        "responses",
+        responses_client(None),
+        responses_reply,
+    ),
+    Case(
+        "responses",
+        "translated, previous_response_id",
+        "chat",
+        chain_client,
+        responses_reply,
+        responses="translate",
+        chain=True,
+    ),
+    Case("messages", "translated, history resent", "chat", messages_client, messages_reply),
+    Case("messages", "anthropic, history resent", "anthropic", messages_client, messages_reply),
+]
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
 def tokens_of(prompt: list[tuple[str, str]], encoding: tiktoken.Encoding) -> list[int]:
     out: list[int] = []
     for role, text in prompt:
@@ -206,8 +403,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 @dataclass
 class Run:
-    mode: str
-    upstream: str
+    case: Case
     memory: bool
     shares: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
@@ -220,8 +416,8 @@ class Run:
 
     def figures(self) -> dict[str, Any]:
         return {
-            "mode": self.mode,
-            "upstream": self.upstream,
+            "protocol": self.case.protocol,
+            "upstream": self.case.how,
             "memory": "on" if self.memory else "off",
             "prefix_share": round(self.share, 4),
             "per_turn": [round(s, 4) for s in self.shares],
@@ -233,168 +429,170 @@ class Run:
 
 def converse(
     client: httpx.Client,
-    fake: BenchResponses | BenchChat,
+    prompts: list[list[tuple[str, str]]],
     run: Run,
     *,
     user: str,
-    client_kind: str,
     turns: int,
     system: str,
     encoding: tiktoken.Encoding,
 ) -> None:
-    """One conversation of `turns` turns. `client_kind`: CHAIN sends its new input with
-    `previous_response_id`; RESEND resends its whole input with `store: false`, and
-    RESEND_STORED the same with `store` left on."""
+    """One conversation of `turns` turns, the case's client sending each."""
+    case = run.case
+    send = case.client
+    if case.chain and not run.memory:
+        send = responses_client(False) if case.upstream == "responses" else responses_client(None)
     headers = {"x-memory-user-id": user}
     if not run.memory:
         headers["x-memory-mode"] = "off"
-    items: list[Any] = []
-    previous: str | None = None
-    before = len(fake.prompts)
+    state: dict[str, Any] = {}
+    before = len(prompts)
     for text in TURNS[:turns]:
-        body: dict[str, Any] = {"model": MODEL, "instructions": system}
-        if client_kind == CHAIN:
-            body["input"] = text
-            if previous is not None:
-                body["previous_response_id"] = previous
-        else:
-            items.append({"role": "user", "content": text})
-            body["input"] = list(items)
-            if client_kind == RESEND:
-                body["store"] = False
-        reply = client.post("/v1/responses", json=body, headers=headers)
+        path, body = send(system, state, text)
+        reply = client.post(path, json=body, headers=headers)
         assert reply.status_code == 200, reply.text[:500]
-        response = reply.json()
-        previous = response["id"]
-        items += response["output"]
-        recalled = int(reply.headers.get("x-memory-memories", "0"))
-        run.recalled_turns += recalled > 0
+        case.read(state, reply.json())
+        run.recalled_turns += int(reply.headers.get("x-memory-memories", "0")) > 0
         run.context_tokens += int(reply.headers.get("x-memory-context-tokens", "0"))
-    prompts = [tokens_of(p, encoding) for p in fake.prompts[before:]]
-    assert len(prompts) == turns, (len(prompts), turns)
-    run.prompt_tokens = [len(p) for p in prompts]
-    run.shares = [common_prefix(a, b) / len(b) for a, b in itertools.pairwise(prompts)]
+    measured = [tokens_of(p, encoding) for p in prompts[before:]]
+    assert len(measured) == turns, (len(measured), turns)
+    run.prompt_tokens = [len(p) for p in measured]
+    run.shares = [common_prefix(a, b) / len(b) for a, b in itertools.pairwise(measured)]
+
+
+def earlier_conversations() -> list[list[dict[str, str]]]:
+    """The three earlier conversations, EARLIER_TURNS turns each (user, then assistant)."""
+    out = []
+    for title, sentence, things in TOPICS:
+        messages = []
+        for n in range(1, EARLIER_TURNS + 1):
+            thing = things[(n - 1) % len(things)]
+            messages.append({"role": "user", "content": sentence.format(n=n, thing=thing)})
+            answer = f"Noted for the {title}: {thing}, as turn {n} of the plan. " + padding(thing)
+            messages.append({"role": "assistant", "content": answer[:400]})
+        out.append(messages)
+    return out
 
 
 def seed(client: httpx.Client, user: str) -> None:
-    """The user's earlier conversations, one fact each (imported: no model is called)."""
-    for i, (fact, answer) in enumerate(FACTS):
-        messages = [{"role": "user", "content": fact}, {"role": "assistant", "content": answer}]
+    """The user's earlier conversations (imported: no model is called)."""
+    for i, messages in enumerate(earlier_conversations()):
         body = {"id": f"{user}-earlier-{i}", "user": user, "messages": messages}
         reply = client.post("/v1/memory/conversations", json=body)
         assert reply.status_code == 201, reply.text[:500]
 
 
 @contextmanager
-def memproxy(upstream: UpstreamConfig, workdir: Path, name: str) -> Iterator[httpx.Client]:
+def memproxy(
+    upstream: UpstreamConfig, workdir: Path, name: str, budget: int
+) -> Iterator[httpx.Client]:
+    tenant = TenantConfig(
+        api_keys=[API_KEY],
+        upstream="main",
+        memory=MemorySettings(embeddings="off"),
+        context=ContextSettings(token_budget=budget),
+    )
     config = Config(
         server=ServerConfig(spill_path=str(workdir / f"{name}-spill.jsonl")),
         database=DatabaseConfig(url=f"sqlite+aiosqlite:///{workdir}/{name}.db"),
         upstreams={"main": upstream},
-        tenants={"bench": TenantConfig(api_keys=[API_KEY], upstream="main")},
+        tenants={"bench": tenant},
     )
     with (
         ServerThread(create_app(config)) as server,
         httpx.Client(
-            base_url=server.url, headers={"authorization": f"Bearer {API_KEY}"}, timeout=30
+            base_url=server.url,
+            headers={"authorization": f"Bearer {API_KEY}", "x-api-key": API_KEY},
+            timeout=30,
         ) as client,
     ):
         yield client
 
 
-def context_in_upstream_state(fake: BenchResponses) -> int:
-    """The items of the upstream's stored responses (their chains' inputs and outputs) that
-    carry memproxy's context: 0 when the context never accumulates in upstream state."""
-    return sum(
-        CONTEXT_MARK in item_message(item)[1]
-        for stored in fake.stored.values()
-        for item in stored.context + stored.response["output"]
-    )
-
-
-def measure(turns: int, workdir: Path) -> tuple[list[Run], int]:
+def measure(turns: int, budget: int, workdir: Path) -> tuple[list[Run], int]:
     encoding = tiktoken.get_encoding(encoding_name(MODEL))
     system = instructions(encoding)
     runs: list[Run] = []
-    native_fake, chat_fake = BenchResponses(), BenchChat()
-    with ServerThread(native_fake) as native_server, ServerThread(chat_fake) as chat_server:
-        native = UpstreamConfig(kind="openai", base_url=native_server.url + "/v1", api_key="k")
-        translated = UpstreamConfig(
-            kind="openai", base_url=chat_server.url + "/v1", api_key="k", responses="translate"
-        )
-        plan: list[tuple[str, str, UpstreamConfig, BenchResponses | BenchChat, str]] = [
-            ("(a) upstream state", "native, previous_response_id", native, native_fake, CHAIN),
-            (
-                "(b) memproxy state",
-                "native, store: false, input resent",
-                native,
-                native_fake,
-                RESEND,
-            ),
-            (
-                "(b) memproxy state",
-                "translated, previous_response_id",
-                translated,
-                chat_fake,
-                CHAIN,
-            ),
-            ("client state", "native, store on, input resent", native, native_fake, RESEND_STORED),
-        ]
-        for n, (mode, how, upstream, fake, kind) in enumerate(plan):
-            with memproxy(upstream, workdir, f"run{n}") as client:
+    fakes: dict[str, BenchChat | BenchResponses | BenchAnthropic] = {
+        "chat": BenchChat(),
+        "responses": BenchResponses(),
+        "anthropic": BenchAnthropic(),
+    }
+    with (
+        ServerThread(fakes["chat"]) as chat_server,
+        ServerThread(fakes["responses"]) as responses_server,
+        ServerThread(fakes["anthropic"]) as anthropic_server,
+    ):
+        urls = {
+            "chat": chat_server.url + "/v1",
+            "responses": responses_server.url + "/v1",
+            "anthropic": anthropic_server.url,
+        }
+        for n, case in enumerate(CASES):
+            if case.upstream == "anthropic":
+                upstream = UpstreamConfig(
+                    kind="anthropic", base_url=urls["anthropic"], api_key=ANTHROPIC_KEY
+                )
+            else:
+                upstream = UpstreamConfig(
+                    kind="openai",
+                    base_url=urls[case.upstream],
+                    api_key="k",
+                    responses=case.responses,  # type: ignore[arg-type]
+                )
+            with memproxy(upstream, workdir, f"run{n}", budget) as client:
                 for memory in (False, True):
                     user = f"user-{n}-{'on' if memory else 'off'}"
                     if memory:
                         seed(client, user)
-                    run = Run(mode, how, memory)
-                    # Mode off keeps no response to chain onto: that client resends its input.
+                    run = Run(case, memory)
                     converse(
                         client,
-                        fake,
+                        fakes[case.upstream].prompts,
                         run,
                         user=user,
-                        client_kind=RESEND
-                        if kind == CHAIN and not memory and upstream is translated
-                        else kind,
                         turns=turns,
                         system=system,
                         encoding=encoding,
                     )
                     runs.append(run)
-        leaked = context_in_upstream_state(native_fake)
+        responses = fakes["responses"]
+        assert isinstance(responses, BenchResponses)
+        leaked = context_in_upstream_state(responses)
     return runs, leaked
 
 
-def report(runs: list[Run], leaked: int, turns: int, elapsed: float) -> str:
+def report(runs: list[Run], leaked: int, turns: int, budget: int, elapsed: float) -> str:
     lines = [
-        f"Responses API prompt prefix stability: {turns} turns, ~{INSTRUCTIONS_TOKENS}-token "
-        "instructions, replies ~120 tokens",
+        f"Prompt prefix stability: {turns} turns, ~{INSTRUCTIONS_TOKENS}-token system prompt, "
+        f"replies ~120 tokens, 3 earlier {EARLIER_TURNS}-turn conversations, "
+        f"context.token_budget {budget}",
         "share of each request's effective prompt tokens equal to the previous request's "
-        f"prompt prefix, mean of turns 2-{turns}:",
+        f"prompt prefix, mean of turns 2-{turns} (target: on/off >= 0.90):",
         "",
-        f"  {'state':<20}{'upstream, client':<36}{'memory off':>11}{'memory on':>11}"
-        f"{'on/off':>8}{'recall turns':>14}",
+        f"  {'protocol':<11}{'upstream, client':<36}{'memory off':>11}{'memory on':>11}"
+        f"{'on/off':>8}{'recall turns':>14}{'added/turn':>12}",
     ]
     for off, on in zip(runs[::2], runs[1::2], strict=True):
         lines.append(
-            f"  {on.mode:<20}{on.upstream:<36}{off.share:>11.3f}{on.share:>11.3f}"
+            f"  {on.case.protocol:<11}{on.case.how:<36}{off.share:>11.3f}{on.share:>11.3f}"
             f"{on.share / off.share:>8.2f}{on.recalled_turns:>10}/{turns}"
+            f"{on.context_tokens / turns:>12.0f}"
         )
     lines.append(
-        "  (memory off on the translated upstream: the client resends its input, as mode off"
+        "  (memory off with previous_response_id: the client resends its input, as mode off"
         " keeps no response to chain onto)"
     )
     lines.append("")
-    lines.append(
-        "prompt tokens at the last turn (off / on) and tokens memproxy added over the run:"
-    )
+    lines.append("prompt tokens at the last turn (off / on):")
     for off, on in zip(runs[::2], runs[1::2], strict=True):
         lines.append(
-            f"  {on.mode:<20}{on.upstream:<36}{off.prompt_tokens[-1]:>7} / "
-            f"{on.prompt_tokens[-1]:<7}{on.context_tokens:>8} added"
+            f"  {on.case.protocol:<11}{on.case.how:<36}{off.prompt_tokens[-1]:>7} / "
+            f"{on.prompt_tokens[-1]:<7}"
         )
     lines.append(
-        f"items of the native upstream's stored responses that carry memproxy's context: {leaked}"
+        f"items of the native Responses upstream's stored responses that carry memproxy's "
+        f"context: {leaked}"
     )
     lines.append(f"\n({elapsed:.1f} s)")
     return "\n".join(lines)
@@ -403,6 +601,7 @@ def report(runs: list[Run], leaked: int, turns: int, elapsed: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=len(TURNS), choices=range(2, len(TURNS) + 1))
+    parser.add_argument("--budget", type=int, default=2000, help="context.token_budget")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     prepare_offline_environment()  # (tiktoken's encodings from litellm's copy: no network)
@@ -412,10 +611,10 @@ def main() -> None:
         cwd = os.getcwd()
         os.chdir(tmp)  # (anything a server writes beside its database stays in the temp dir)
         try:
-            runs, leaked = measure(args.turns, Path(tmp))
+            runs, leaked = measure(args.turns, args.budget, Path(tmp))
         finally:
             os.chdir(cwd)
-    print(report(runs, leaked, args.turns, time.perf_counter() - started))
+    print(report(runs, leaked, args.turns, args.budget, time.perf_counter() - started))
     if args.json:
         Path(args.json).write_text(json.dumps([r.figures() for r in runs], indent=2) + "\n")
 
