@@ -256,3 +256,21 @@ async def test_cache_reads_count_in_the_prompt_at_their_own_price(
     assert headers["x-usage-completion-tokens"] == "20"
     # 10 x 3 + 1000 x 0.3 + 20 x 15 per million tokens
     assert Decimal(headers["x-cost-usd"]) == Decimal("0.00063")
+
+
+async def test_count_tokens_counts_the_context_on_an_anthropic_upstream(
+    fake: tuple[FakeAnthropic, str], client: anthropic.AsyncAnthropic
+) -> None:
+    app, _ = fake
+    told: Any = [{"role": "user", "content": "My locker code is 4711."}]
+    await client.messages.create(model=MODEL, max_tokens=50, messages=told, extra_headers=alice())
+    asked = len(app.requests)
+    question: Any = [{"role": "user", "content": "What is my locker code?"}]
+    recalled = await client.messages.count_tokens(
+        model=MODEL, messages=question, extra_headers=alice()
+    )
+    off = await client.messages.count_tokens(
+        model=MODEL, messages=question, extra_headers=alice(**{"X-Memory-Mode": "off"})
+    )
+    assert recalled.input_tokens > off.input_tokens
+    assert len(app.requests) == asked  # (counted by memproxy: the upstream is not asked)
