@@ -48,6 +48,12 @@ from storage.fair_slots import FairSlots
 T = TypeVar("T")
 Work = Callable[[Connection], T]
 
+
+class WriteAbandoned(StorageError):
+    """A write whose caller stopped waiting before it began: rolled back, never run. Nobody
+    is left to catch it (Database.write)."""
+
+
 SQLITE_PRAGMAS = (
     "PRAGMA busy_timeout=10000",  # another process (e.g. `memproxy migrate`) holding the file
     "PRAGMA synchronous=NORMAL",  # durable across a process crash; WAL keeps it consistent
@@ -100,15 +106,23 @@ class Database:
             event.listen(self._async.sync_engine, "checkin", _postgres_checked_in)
             event.listen(self._async.sync_engine, "checkout", _postgres_checked_out)
 
-    async def write(self, work: Work[T], *, tenant: str | None = None) -> T:
+    async def write(self, work: Work[T], *, tenant: str | None = None, large: bool = False) -> T:
         """Run `work` in one transaction: committed when it returns, rolled back if it raises.
         Writes wait for a slot in `tenant`'s lane (storage/fair_slots.py): one tenant's many
-        writes do not hold up the others'."""
+        writes do not hold up the others'. A `large` write first gives way to the small
+        writes on their way (FairSlots.expecting).
+
+        A caller that stops waiting (a storage timeout, a cancelled request) abandons its
+        write if the write has not begun yet: on SQLite, one still queued for the writer
+        thread or waiting for another process's lock on the file is dropped when its turn
+        comes, so a turn answered unstored (or refused) is not stored behind the caller's back.
+        A write already running may still land."""
         if self.is_sqlite:
-            await self.write_slots.acquire(tenant)
+            await self.write_slots.acquire(tenant, large=large)
             loop = asyncio.get_running_loop()
+            abandoned = threading.Event()
             try:
-                unit = partial(self._sqlite_unit, "BEGIN IMMEDIATE", work)
+                unit = partial(self._sqlite_unit, "BEGIN IMMEDIATE", work, abandoned)
                 future = loop.run_in_executor(self._writer, unit)
             except BaseException:
                 self.write_slots.release()
@@ -116,8 +130,12 @@ class Database:
             # The slot is the writer thread's: held until the unit ends there, even when the
             # caller stops waiting (a timeout), so the next write is not queued behind it.
             future.add_done_callback(self._unit_ended)
-            return await asyncio.shield(future)
-        async with self.write_slots.slot(tenant):
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                abandoned.set()
+                raise
+        async with self.write_slots.slot(tenant, large=large):
             with _translated():
                 async with self._async.begin() as conn:
                     return await conn.run_sync(work)
@@ -189,7 +207,9 @@ class Database:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(pool, partial(self._sqlite_unit, begin, work))
 
-    def _sqlite_unit(self, begin: str, work: Work[T]) -> T:
+    def _sqlite_unit(
+        self, begin: str, work: Work[T], abandoned: threading.Event | None = None
+    ) -> T:
         with _translated():
             conn = self._connections.get()
             driver = conn.connection.driver_connection
@@ -199,6 +219,8 @@ class Database:
             except sqlite3.Error as exc:
                 raise _driver_error(exc) from exc
             try:
+                if abandoned is not None and abandoned.is_set():
+                    raise WriteAbandoned("the caller stopped waiting before the write began")
                 result = work(conn)
             except BaseException:
                 self._connections.roll_back(conn, driver)

@@ -3,7 +3,8 @@
 A key names its tenant and scopes, and may be bound to one user. A tenant's `identity.mode`
 says where its users come from: `header` trusts the user the request names (a backend that
 sets `X-Memory-User-Id` itself); `token` takes it from a signed JWT (`X-Memory-User-Token`,
-proxy/core/user_tokens.py) and refuses the header. The result is a `Principal` whose `user`,
+proxy/core/user_tokens.py) and refuses the header; there an operator's manage-only key needs
+no token (`operator_key`). The result is a `Principal` whose `user`,
 when set, is the only user the request may act as, everywhere: the turn pipeline
 (proxy/pipeline/identify.py), the Responses API's stored responses and the management API.
 """
@@ -150,6 +151,8 @@ class KeyRing:
             )
         token = headers.get(TOKEN_HEADER)
         if not token:
+            if operator_key(principal):
+                return principal  # the tenant's own operators: every user, by name
             if not tokens.settings.allow_anonymous:
                 raise InvalidUserToken(
                     f"This tenant needs a signed user token in {TOKEN_HEADER}.",
@@ -161,6 +164,14 @@ class KeyRing:
         if principal.user is not None and user != principal.user:
             raise not_allowed(principal, user, TOKEN_HEADER)
         return replace(principal, user=user, bound_by="token")
+
+
+def operator_key(principal: Principal) -> bool:
+    """A key that may manage a token-mode tenant without a user token: `manage` alone (no
+    `chat`: such a key has no business in an app) and bound to no user. It covers every user
+    of the tenant, as a header-mode backend's key does: the inspector's and your backend's
+    tenant-wide views (usage, jobs, limits). With a token it acts as that user alone."""
+    return "chat" not in principal.scopes and principal.user is None
 
 
 def refuse_repeated(headers: Headers) -> None:

@@ -16,7 +16,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from policies.intent_labels import DEFAULT_LABELS, OTHER
-from proxy.core.config_identity import DOT_SEGMENTS as DOT_SEGMENTS
 from proxy.core.config_identity import ApiKeyConfig as ApiKeyConfig
 from proxy.core.config_identity import IdentityConfig as IdentityConfig  # (one of the models)
 from proxy.core.config_identity import Scope as Scope

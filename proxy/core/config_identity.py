@@ -20,6 +20,24 @@ Scope = Literal["chat", "manage"]
 # "%2E" too, by the WHATWG URL standard), so a user so named could never be reached at
 # /v1/memory/users/{user_id}.
 DOT_SEGMENTS = frozenset({".", ".."})
+MAX_USER_ID = 256  # characters, as OpenAI's `user`
+
+
+def user_id_problem(value: object, *, stored_before: bool = False) -> str | None:
+    """Why `value` is not a user id every route takes, or None: a non-empty string of at most
+    MAX_USER_ID characters, without NUL, and not `.` or `..` (unless `stored_before`: a route
+    that only finds or erases what is stored takes those, for users named so before they were
+    refused). The one rule for headers, bodies, URLs, bound keys and tokens' `sub`."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_USER_ID:
+        return f"must be a non-empty string of at most {MAX_USER_ID} characters"
+    if "\x00" in value:
+        return "must not contain the NUL character"
+    if value in DOT_SEGMENTS and not stored_before:
+        return (
+            "cannot be '.' or '..': URL clients rewrite those path segments, so the user's "
+            "export and erasure could not be reached"
+        )
+    return None
 
 
 class ApiKeyConfig(_Strict):
@@ -32,12 +50,9 @@ class ApiKeyConfig(_Strict):
     @field_validator("user")
     @classmethod
     def _a_user_id(cls, user: str | None) -> str | None:
-        """What every route takes as a user id (proxy/core/requests.check_user_id)."""
-        if user is not None and (not user.strip() or "\x00" in user or user in DOT_SEGMENTS):
-            raise ValueError(
-                "a user id must not be blank, hold NUL, or be '.' or '..' (URL clients rewrite "
-                "those, so the user's export and erasure could not be reached)"
-            )
+        """What every route takes as a user id."""
+        if user is not None and (problem := user_id_problem(user)):
+            raise ValueError(f"a user id {problem}")
         return user
 
 

@@ -11,7 +11,7 @@ import msgspec
 from litestar import Request
 
 from proxy.core.access import request_info
-from proxy.core.config import DOT_SEGMENTS
+from proxy.core.config_identity import user_id_problem
 from proxy.core.errors import BadRequest, PayloadTooLarge
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -101,28 +101,13 @@ def header_value(headers: Mapping[str, str], name: str) -> str | None:
         raise BadRequest(f"The {name} header must be UTF-8.", param=name) from None
 
 
-MAX_USER_ID = 256  # characters, as OpenAI's `user`
-
-
 def check_user_id(value: Any, param: str = "user", *, stored_before: bool = False) -> str:
-    """A user id as every route takes it: a non-empty string of at most 256 characters, not
-    `.` or `..` (else a 400 naming `param`). `stored_before`: a route that only finds or
-    erases what is stored takes those two as well, for users named so before they were
-    refused (reachable by a client that keeps dot segments, e.g. `curl --path-as-is`)."""
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_USER_ID:
-        raise BadRequest(
-            f"'{param}' must be a non-empty string of at most {MAX_USER_ID} characters.",
-            param=param,
-        )
-    if "\x00" in value:
-        raise BadRequest(f"'{param}' must not contain the NUL character.", param=param)
-    if value in DOT_SEGMENTS and not stored_before:
-        raise BadRequest(
-            f"'{param}' cannot be '.' or '..': URL clients rewrite those path segments, so the "
-            "user's export and erasure could not be reached.",
-            param=param,
-        )
-    return value
+    """A user id as every route takes it (config_identity.user_id_problem), else a 400 naming
+    `param`."""
+    problem = user_id_problem(value, stored_before=stored_before)
+    if problem:
+        raise BadRequest(f"'{param}' {problem}.", param=param)
+    return value  # type: ignore[no-any-return]
 
 
 def check_chat_request(body: dict[str, Any], max_messages: int) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import jwt
 
-from proxy.core.config import DOT_SEGMENTS, ConfigError
-from proxy.core.config_identity import IdentityConfig
+from proxy.core.config import ConfigError
+from proxy.core.config_identity import IdentityConfig, user_id_problem
 from proxy.core.errors import AuthenticationFailed
 
 REQUIRED_CLAIMS = ("exp", "sub")
@@ -120,10 +120,7 @@ class UserTokens:
 
 def check_subject(sub: Any) -> str:
     """`sub` as a user id (as `X-Memory-User-Id` would have to be)."""
-    if not isinstance(sub, str) or not sub.strip() or len(sub) > 256 or "\x00" in sub:
-        raise InvalidUserToken(
-            "The user token's 'sub' must be a non-empty string of at most 256 characters."
-        )
-    if sub in DOT_SEGMENTS:  # (as every user id: URL clients rewrite those path segments)
-        raise InvalidUserToken("The user token's 'sub' cannot be '.' or '..'.")
-    return sub
+    problem = user_id_problem(sub)
+    if problem:
+        raise InvalidUserToken(f"The user token's 'sub' {problem}.")
+    return sub  # type: ignore[no-any-return]

@@ -191,7 +191,7 @@ class Artifacts:
 
         try:
             await self.memory.in_time(self.db.write(work, tenant=tenant_id))
-        except StorageError as exc:  # (on SQLite a timed-out write may still land, whole)
+        except StorageError as exc:  # (a timed-out write already running may still land, whole)
             log.warning("attachments_not_stored", request_id=request_id, error=str(exc))
             got.storage_failed = True
             return False

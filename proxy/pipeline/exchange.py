@@ -187,7 +187,9 @@ class TurnExchange:
             async with self.services.heavy_turns.slot(req.tenant_id):
                 self.loaded = await load(req, self.inline)
         else:
-            self.loaded = await load(req, self.inline)
+            # (large writes give way to it meanwhile)
+            with self.services.db.write_slots.expecting():
+                self.loaded = await load(req, self.inline)
         self.ledger.turn, self.ledger.spilled = self.loaded.turn, self.loaded.spilled
         use_memory = await self.intent.classify(self.loaded.turn)
         if self.intent.deferred:

@@ -17,6 +17,7 @@ from proxy.core.config import ContextSettings
 from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
 from proxy.pipeline.reply import finish_in
 from proxy.pipeline.turn import (
+    HEAVY_TURN_MESSAGES,
     IntentOf,
     Mode,
     Outcome,
@@ -24,6 +25,7 @@ from proxy.pipeline.turn import (
     Turn,
     classify_into,
     now,
+    storage_time_scale,
 )
 from proxy.pipeline.turn_store import begin_in, opening, peek_in
 from storage.database import Database
@@ -127,7 +129,8 @@ class ConversationMemory:
             return turn
         count = await TokenCounter(model).prepare(messages)
         return await self.in_time(
-            self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of)
+            self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of),
+            scale=storage_time_scale(len(messages)),
         )
 
     async def peek(
@@ -193,6 +196,7 @@ class ConversationMemory:
                         intent_of,
                     ),
                     tenant=tenant_id,
+                    large=len(messages) >= HEAVY_TURN_MESSAGES,
                 )
                 return turn
             except ConflictError:
@@ -203,21 +207,23 @@ class ConversationMemory:
                 turn = Turn(turn.request_id, tenant_id, user_id, turn.mode, turn.model)
         raise AssertionError("unreachable")
 
-    async def in_time(self, work: Coroutine[Any, Any, T]) -> T:
-        """`work` (waiting for the database), or StorageTimeout after `timeout`; while the
-        storage circuit is open, StorageCircuitOpen at once, `work` not started. On SQLite
-        a write already handed to the writer thread may still land later: the spill's replay
-        finds it recorded and does not store it twice."""
+    async def in_time(self, work: Coroutine[Any, Any, T], *, scale: float = 1.0) -> T:
+        """`work` (waiting for the database), or StorageTimeout after `timeout` (times
+        `scale`: a heavy turn's, storage_time_scale); while the storage circuit is open,
+        StorageCircuitOpen at once, `work` not started. A write that has not begun by the
+        timeout is abandoned (Database.write); one already running may still land: the
+        spill's replay finds it recorded and does not store it twice."""
         try:
             trial = self.circuit.admit()
         except StorageCircuitOpen:
             work.close()  # (never started)
             raise
+        seconds = None if self.timeout is None else self.timeout * scale
         with self.circuit.outcome(trial=trial):
             try:
-                return await asyncio.wait_for(work, self.timeout)
+                return await asyncio.wait_for(work, seconds)
             except TimeoutError as exc:
-                raise StorageTimeout(f"storage took longer than {self.timeout:g} s") from exc
+                raise StorageTimeout(f"storage took longer than {seconds:g} s") from exc
 
     async def finish(self, turn: Turn, outcome: Outcome) -> None:
         """Store the reply (whole, partial or none) and close the exchange record."""

@@ -206,7 +206,8 @@ class SpillReplayer:
         work = partial(self.writes.apply, request, tenant, count, documents)
         # In the tenant's own lane (storage/fair_slots.py): a tenant's large spill does not
         # hold up the others' live turns.
+        large = len(texts) >= HEAVY_TURN_MESSAGES
         try:
-            return await self.db.write(work, tenant=head.tenant_id)
+            return await self.db.write(work, tenant=head.tenant_id, large=large)
         except ConflictError:  # a live request created the same conversation just now
-            return await self.db.write(work, tenant=head.tenant_id)
+            return await self.db.write(work, tenant=head.tenant_id, large=large)

@@ -25,11 +25,20 @@ Mode = Literal["full", "read", "off"]
 IntentOf = Callable[[list[dict[str, Any]]], Intent | None]
 # A turn of this many messages or more is heavy: counting and storing it takes the process
 # about a second per 10,000 (docs/performance), time every other request shares. One is
-# stored at a time (tenants taking turns: storage/fair_slots.py), so one tenant's flood of
-# large requests waits on itself, and other tenants' ordinary turns, which never wait for
-# this, stay `ok` (bench/tenant_fairness.py).
+# stored at a time (tenants taking turns: storage/fair_slots.py), its write gives way to the
+# ordinary turns on their way (FairSlots.expecting), and it has storage time in proportion
+# (storage_time_scale): so one tenant's flood of large requests waits on itself, and other
+# tenants' ordinary turns stay `ok` (bench/tenant_fairness.py).
 HEAVY_TURN_MESSAGES = 1000
 HEAVY_TURNS_AT_ONCE = 1
+
+
+def storage_time_scale(messages: int) -> float:
+    """The storage timeout's multiple for storing a turn of `messages` messages: 1 for an
+    ordinary turn, in proportion for a heavy one (10 for 10,000 messages). A large import
+    takes its time, and the flooding tenant's client waits for it, rather than being answered
+    degraded at once and sending the next while the spill's replay writes the last."""
+    return max(1.0, messages / HEAVY_TURN_MESSAGES)
 
 
 def now() -> datetime:

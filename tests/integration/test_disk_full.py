@@ -21,12 +21,16 @@ from tests.fakes.openai_upstream import FakeOpenAI
 from tests.integration.test_degraded import (
     CLOSED,
     ServeProxy,
+    eventually,
+    exchanged,
+    has,
     metric,
     on_sqlite,
     readiness,
     say,
     sdk,
     sqlite_locked,
+    stored,
 )
 
 FULL = Path("/dev/full")
@@ -52,7 +56,7 @@ async def test_with_the_disk_full_fail_open_turns_are_answered_unstored_and_read
     settings, spill, db = on_sqlite(upstream_url, tmp_path)
     base = serve_proxy(settings)
     async with sdk(base) as client:
-        _, headers = await say(client, "before the disk filled")
+        before, headers = await say(client, "before the disk filled")
         assert headers["x-memory-status"] == "ok" and "x-memory-stored" not in headers
         fill(spill)
 
@@ -84,5 +88,10 @@ async def test_with_the_disk_full_fail_open_turns_are_answered_unstored_and_read
         status, body = await readiness(base)
         assert (status, body["spill"]) == (200, "ok")
         assert metric(base, "memproxy_spill_writable", "") == 1
-        _, headers = await say(client, "after")
+        after, headers = await say(client, "after")
         assert headers["x-memory-status"] == "ok" and "x-memory-stored" not in headers
+        # The turn answered unstored was not stored later either: its write, still waiting for
+        # the lock when the timeout answered the turn, was abandoned, not run once the lock went.
+        turns = exchanged(["before the disk filled", "after"], [before, after])
+        await eventually(lambda: has(base, 4), what="the turn after was not stored")
+        assert await stored(base) == turns

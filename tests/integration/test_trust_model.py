@@ -4,7 +4,7 @@ user its credentials do not allow, through chat completions, the Responses API a
 responses, and the management API.
 
 The world: tenant `t1` in header mode (a trusted backend's key, keys bound to alice and bob);
-`t2` in token mode (a key, and one bound to alice); `t3` in token mode that allows anonymous
+`t2` in token mode (a key, one bound to alice, and an operator's manage-only key); `t3` in token mode that allows anonymous
 requests. Each user of each tenant has a conversation with a secret in it, a memory, an
 attachment, an exchange and a stored response. An oracle says, from the credentials alone,
 which user a request may act as (or how it is refused); every answer is checked against it:
@@ -57,6 +57,7 @@ KEYS = {
     "t1-bob-chat": Key("t1", ("chat",), user="bob"),
     "t2-app": Key("t2"),
     "t2-alice": Key("t2", user="alice"),
+    "t2-ops": Key("t2", ("manage",)),  # an operator's: manages every user, no token needed
     "t3-app": Key("t3"),
 }
 ADMIN = {"t1": "t1-backend", "t2": "t2-app", "t3": "t3-app"}
@@ -194,6 +195,8 @@ def allowed(c: Credentials, scope: str) -> tuple[int, str | None]:
     if c.header is not None:
         return 400, None
     if c.signer is None:
+        if "chat" not in key.scopes and key.user is None:
+            return 0, None  # an operator's manage-only key: any user it names
         return (0, "anonymous") if key.tenant == "t3" else (401, None)
     if c.signer != key.tenant or c.expired:
         return 401, None
@@ -337,7 +340,12 @@ def snapshot(world: World) -> dict[tuple[str, str], Any]:
 
 def lists_hold_their_user_alone(world: World) -> None:
     """Without `?user=`, a bound key (or token) lists its own user's data only."""
-    for key, token_of in (("t1-alice", None), ("t2-alice", "t2"), ("t2-app", "t2")):
+    for key, token_of in (
+        ("t1-alice", None),
+        ("t2-alice", "t2"),
+        ("t2-app", "t2"),
+        ("t2-ops", "t2"),  # an operator's key with a token: that user alone
+    ):
         headers = Credentials(key, token_of, sub="alice").headers()
         tenant = KEYS[key].tenant
 
@@ -352,3 +360,30 @@ def lists_hold_their_user_alone(world: World) -> None:
         theirs = world.owned[(tenant, "bob")]
         refused_as(get("/v1/memory/conversations", after=theirs["conversation"]), 400)
         refused_as(get("/v1/memory/memories", after=theirs["memory"]), 400)
+
+
+def test_in_token_mode_only_an_operators_manage_only_key_sees_the_whole_tenant(
+    world: World,
+) -> None:
+    """A token-mode tenant's tenant-wide views (every user's lists, usage, limits, jobs) are
+    reached with a key of the `manage` scope alone, with no token; a key that can chat (the
+    app's, which may sit in a browser) needs a token everywhere."""
+
+    def get(key: str, path: str) -> httpx.Response:
+        return world.http.get(path, headers={"authorization": f"Bearer {key}"})
+
+    for path in ("/v1/memory/conversations", "/v1/memory/memories"):
+        listed = get("t2-ops", path)
+        assert listed.status_code == 200, listed.text
+        assert {x["user"] for x in listed.json()["data"]} == set(USERS), path
+        refused_as(get("t2-app", path), 401)
+    assert get("t2-ops", "/v1/memory/usage").json()["total"]["requests"] == 4
+    for path in ("/v1/memory/limits", "/v1/memory/jobs"):
+        assert get("t2-ops", path).status_code == 200, path
+        refused_as(get("t2-app", path), 401)
+    # It cannot chat, and naming a user by header stays refused in token mode.
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    ops = {"authorization": "Bearer t2-ops"}
+    refused_as(world.http.post("/v1/chat/completions", json=chat, headers=ops), 403)
+    named = world.http.get("/v1/memory/memories", headers={**ops, "X-Memory-User-Id": "alice"})
+    refused_as(named, 400)

@@ -61,3 +61,35 @@ async def test_a_write_that_stops_waiting_for_its_slot_is_never_run(db: Database
     await db.write(lambda conn: ran.append("after"), tenant="b")
     assert ran == ["after"]
     assert db.write_slots.waiting() == 0
+
+
+async def test_a_large_write_gives_way_to_the_small_writes_on_their_way(db: Database) -> None:
+    """An ordinary turn announces its write from its arrival (`expecting`); a large write
+    (a 10,000-message import) waits until no such turn is on its way, then goes."""
+    ran: list[str] = []
+    with db.write_slots.expecting():
+        large = asyncio.create_task(
+            db.write(lambda conn: ran.append("large"), tenant="flood", large=True)
+        )
+        with db.write_slots.expecting():  # two ordinary turns, of any tenants
+            await asyncio.sleep(0.05)
+            assert not large.done()
+            await db.write(lambda conn: ran.append("first"), tenant="a")
+        await db.write(lambda conn: ran.append("second"), tenant="b")
+        assert not large.done()
+    await large
+    assert ran == ["first", "second", "large"]
+    assert db.write_slots.expected() == 0
+    await db.write(lambda conn: ran.append("large, none on their way"), large=True)
+    assert ran[-1] == "large, none on their way"
+
+
+async def test_small_writes_that_never_pause_hold_a_large_one_back_only_so_long(
+    db: Database,
+) -> None:
+    db.write_slots.large_yields_seconds = 0.05
+    ran: list[str] = []
+    with db.write_slots.expecting():  # (a turn that never gets to its write)
+        await db.write(lambda conn: ran.append("large"), tenant="flood", large=True)
+        assert db.write_slots.expected() == 1
+    assert ran == ["large"]

@@ -4,6 +4,7 @@ for the next unit of work, and the errors are the storage errors callers catch."
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -122,3 +123,24 @@ async def test_a_file_another_process_holds_is_unavailable_not_a_crash(
         assert await db.read(lambda c: c.exec_driver_sql("SELECT a FROM t").all()) == [(2,)]
     finally:
         await db.dispose()
+
+
+async def test_a_write_its_caller_stopped_waiting_for_before_it_began_is_never_run(
+    db: Database, tmp_path: Path
+) -> None:
+    """A storage timeout answers a turn unstored (or refuses it) while its write still waits
+    for another process's lock; when the lock goes, that write is dropped, not run behind the
+    caller's back. The writes queued after it, still awaited, go in."""
+    other = sqlite3.connect(tmp_path / "units.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(db.write(add_parent(1)), 0.2)
+        awaited = asyncio.ensure_future(db.write(add_parent(2)))
+        await asyncio.sleep(0.2)
+        assert not awaited.done()  # (behind the lock too)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    await awaited
+    assert await db.read(rows) == [("parent", 2)]

@@ -96,7 +96,8 @@ def test_a_key_bound_to_a_user_id_no_route_takes_is_an_error(tmp_path: Path, use
     # (`.` and `..` are refused wherever a request names a user: their export and erasure
     # could not be reached, URL clients rewrite those path segments.)
     path = write(tmp_path, f"tenants:\n  a: {{api_keys: [{{key: k, user: {user}}}]}}\n")
-    with pytest.raises(ConfigError, match=r"tenants\.a\.api_keys\.0\.user: .*'\.' or '\.\.'"):
+    why = r"(cannot be '\.' or '\.\.'|must be a non-empty string)"
+    with pytest.raises(ConfigError, match=rf"tenants\.a\.api_keys\.0\.user: .*a user id {why}"):
         load_config(path, environ={})
 
 
