@@ -32,7 +32,11 @@ Every server is real, on 127.0.0.1: memproxy (SQLite in a temp dir, recall by wo
 `memory.embeddings: off`, so every run attaches the same) and the tests' strict fakes (chat
 completions, Responses API, Messages API), each a uvicorn server in a thread. Under a minute.
 
-    .venv/bin/python bench/prefix_cache.py [--turns 20] [--budget 2000] [--json figures.json]
+    .venv/bin/python bench/prefix_cache.py [--turns 20] [--budget 2000] [--keep-shown]
+        [--json figures.json]
+
+`--keep-shown` sets the tenant's `context.keep_shown` (what earlier turns were shown stays
+where it was; each turn adds at most an eighth of the budget).
 """
 
 from __future__ import annotations
@@ -484,13 +488,13 @@ def seed(client: httpx.Client, user: str) -> None:
 
 @contextmanager
 def memproxy(
-    upstream: UpstreamConfig, workdir: Path, name: str, budget: int
+    upstream: UpstreamConfig, workdir: Path, name: str, budget: int, keep_shown: bool
 ) -> Iterator[httpx.Client]:
     tenant = TenantConfig(
         api_keys=[API_KEY],
         upstream="main",
         memory=MemorySettings(embeddings="off"),
-        context=ContextSettings(token_budget=budget),
+        context=ContextSettings(token_budget=budget, keep_shown=keep_shown),
     )
     config = Config(
         server=ServerConfig(spill_path=str(workdir / f"{name}-spill.jsonl")),
@@ -509,7 +513,9 @@ def memproxy(
         yield client
 
 
-def measure(turns: int, budget: int, workdir: Path) -> tuple[list[Run], int]:
+def measure(
+    turns: int, budget: int, workdir: Path, *, keep_shown: bool = False
+) -> tuple[list[Run], int]:
     encoding = tiktoken.get_encoding(encoding_name(MODEL))
     system = instructions(encoding)
     runs: list[Run] = []
@@ -540,7 +546,7 @@ def measure(turns: int, budget: int, workdir: Path) -> tuple[list[Run], int]:
                     api_key="k",
                     responses=case.responses,  # type: ignore[arg-type]
                 )
-            with memproxy(upstream, workdir, f"run{n}", budget) as client:
+            with memproxy(upstream, workdir, f"run{n}", budget, keep_shown) as client:
                 for memory in (False, True):
                     user = f"user-{n}-{'on' if memory else 'off'}"
                     if memory:
@@ -562,11 +568,13 @@ def measure(turns: int, budget: int, workdir: Path) -> tuple[list[Run], int]:
     return runs, leaked
 
 
-def report(runs: list[Run], leaked: int, turns: int, budget: int, elapsed: float) -> str:
+def report(
+    runs: list[Run], leaked: int, turns: int, budget: int, keep_shown: bool, elapsed: float
+) -> str:
     lines = [
         f"Prompt prefix stability: {turns} turns, ~{INSTRUCTIONS_TOKENS}-token system prompt, "
         f"replies ~120 tokens, 3 earlier {EARLIER_TURNS}-turn conversations, "
-        f"context.token_budget {budget}",
+        f"context.token_budget {budget}, keep_shown {'on' if keep_shown else 'off'}",
         "share of each request's effective prompt tokens equal to the previous request's "
         f"prompt prefix, mean of turns 2-{turns} (target: on/off >= 0.90):",
         "",
@@ -602,6 +610,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=len(TURNS), choices=range(2, len(TURNS) + 1))
     parser.add_argument("--budget", type=int, default=2000, help="context.token_budget")
+    parser.add_argument("--keep-shown", action="store_true", help="context.keep_shown: true")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     prepare_offline_environment()  # (tiktoken's encodings from litellm's copy: no network)
@@ -611,10 +620,11 @@ def main() -> None:
         cwd = os.getcwd()
         os.chdir(tmp)  # (anything a server writes beside its database stays in the temp dir)
         try:
-            runs, leaked = measure(args.turns, args.budget, Path(tmp))
+            runs, leaked = measure(args.turns, args.budget, Path(tmp), keep_shown=args.keep_shown)
         finally:
             os.chdir(cwd)
-    print(report(runs, leaked, args.turns, args.budget, time.perf_counter() - started))
+    elapsed = time.perf_counter() - started
+    print(report(runs, leaked, args.turns, args.budget, args.keep_shown, elapsed))
     if args.json:
         Path(args.json).write_text(json.dumps([r.figures() for r in runs], indent=2) + "\n")
 

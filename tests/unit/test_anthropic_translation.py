@@ -480,3 +480,25 @@ def test_a_messages_stream_error_becomes_a_chat_error_chunk() -> None:
     out = chunks.feed(json.dumps(failed).encode())
     assert json.loads(out[6:])["error"]["message"] == "Overloaded"
     assert chunks.finish() == b""
+
+
+def test_native_placement_puts_each_kept_section_at_the_head_of_its_user_turn() -> None:
+    from proxy.protocols.anthropic.native import native_body
+
+    body = request(
+        [
+            {"role": "user", "content": "First?"},
+            {"role": "assistant", "content": "One."},
+            {"role": "user", "content": "Second?"},
+        ]
+    )
+    parsed = parse_messages(body)
+    first, answer, second = parsed.messages
+    kept = {"role": "system", "content": "Shown before the first"}
+    new = {"role": "system", "content": "Shown before the second"}
+    sent = native_body(body, parsed, [kept, first, answer, new, second])
+    assert [m["content"] for m in sent["messages"]] == [
+        [{"type": "text", "text": "Shown before the first"}, {"type": "text", "text": "First?"}],
+        "One.",
+        [{"type": "text", "text": "Shown before the second"}, {"type": "text", "text": "Second?"}],
+    ]

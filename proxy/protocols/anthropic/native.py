@@ -10,7 +10,8 @@ the proxy adds goes around them:
 - the proxy's context (recall, memories, attachments, summaries): one text block at the head
   of the newest user turn, after its `tool_result` blocks, which the API wants first.
   (`placement: after_system` puts it at the head of the first user turn instead: the
-  Messages API has no system role among its messages.)
+  Messages API has no system role among its messages.) With `context.keep_shown`, each
+  section an earlier turn was shown goes back at the head of that turn's user message.
 """
 
 from __future__ import annotations
@@ -33,28 +34,30 @@ def native_body(
     the client's) placed where it leaves the client's prefix as it was."""
     if assembled is parsed.messages:
         return body
-    client = {id(m) for m in parsed.messages}
+    client = {id(m): o for m, o in zip(parsed.messages, parsed.origin, strict=True)}
     history: list[dict[str, Any]] = []
-    context: list[str] = []
+    pending: list[str] = []  # context sections waiting for the client's next user turn
+    placed: dict[int, list[str]] = {}  # the client's user turns (by index): their sections
     before_client = True  # (before the client's first turn, after its system prompt)
-    placed_first = False  # the context came before it (`after_system`)
     for message in assembled:
         if id(message) in client:
             before_client = before_client and message.get("role") == "system"
+            at = client[id(message)]
+            if pending and at is not None and body["messages"][at].get("role") == "user":
+                placed.setdefault(at, []).extend(pending)
+                pending = []
         elif message.get("role") == "system":
-            context.append(_text(message.get("content")))
-            placed_first = placed_first or before_client
+            pending.append(_text(message.get("content")))
         elif before_client:
             history.append(message)
-    messages = [*to_native(history), *body["messages"]]
-    if context:
-        at = (
-            _first_user(messages, len(messages) - len(body["messages"]))
-            if placed_first
-            else (_last_user(messages))
-        )
-        if at is not None:
-            messages[at] = with_context(messages[at], "\n\n".join(context))
+    if pending:  # (none follows: the newest user turn)
+        last = _last_user(body["messages"])
+        if last is not None:
+            placed.setdefault(last, []).extend(pending)
+    native = to_native(history)
+    messages = [*native, *body["messages"]]
+    for at, texts in placed.items():
+        messages[len(native) + at] = with_context(messages[len(native) + at], "\n\n".join(texts))
     return {**body, "messages": messages}
 
 
@@ -70,10 +73,6 @@ def _last_user(messages: list[dict[str, Any]]) -> int | None:
     return next(
         (i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), None
     )
-
-
-def _first_user(messages: list[dict[str, Any]], start: int) -> int | None:
-    return next((i for i in range(start, len(messages)) if messages[i]["role"] == "user"), None)
 
 
 def with_context(message: dict[str, Any], text: str) -> dict[str, Any]:
