@@ -31,6 +31,10 @@ hits both alike and each proxy's CPU time is counted per shape. `--requests` and
 `--concurrent-requests` are per target and shape. Each shape gets its own table, then a table
 of what every proxy adds over direct on the Responses shape against chat completions.
 
+With `--trace-target`, memproxy-untraced is memproxy with its tenant's `trace: off`: "trace
+summary over off" is memproxy's p50, TTFT and CPU per request minus memproxy-untraced's, what
+recording each exchange's trace (the default, `summary`) costs.
+
 With `--baseline-rev REV` (by default the commit that closed the conversation-memory issue)
 a fifth target, memproxy-prev, is memproxy at that revision (memory on), exported with `git
 archive` and run the same way: "accounting" is memproxy's p50 and TTFT minus memproxy-prev's,
@@ -98,6 +102,9 @@ PREVIOUS = "memproxy-prev"
 # memproxy with memory on but `memory.embeddings: off` (--keywords-target): what recall by
 # meaning adds to a turn, measured beside it in the same run.
 KEYWORDS = "memproxy-keywords"
+# memproxy with its tenant's `trace: off` (--trace-target): what recording each exchange's
+# trace (`summary`, the default, on the memproxy target) costs, measured beside it.
+UNTRACED = "memproxy-untraced"
 # The last commit of the conversation-memory issue: memproxy before cost accounting and limits.
 BASELINE_REV = "5ab5a29"
 ACCOUNTING_BUDGET_MS = 1.0
@@ -191,6 +198,7 @@ def memproxy_config(
     storage_breaker: int = 0,
     server: bool = True,
     embeddings: str | None = None,
+    trace: str | None = None,
 ) -> str:
     """`storage_breaker`: `server.storage_breaker_threshold` (0: off, the default). Without
     `server`, no `server:` settings (for a revision older than them, which would refuse them;
@@ -212,6 +220,7 @@ def memproxy_config(
         "    limits: {rpm: 100000000, tpm: 100000000000, budget_usd_day: 1000000,"
         " budget_usd_month: 1000000}\n"
         + ("" if embeddings is None else f"    memory: {{embeddings: {embeddings}}}\n")
+        + ("" if trace is None else f"    trace: {trace}\n")
     )
 
 
@@ -257,6 +266,8 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
             names = ["memproxy-off", "memproxy"]
             if args.keywords_target:
                 names.append(KEYWORDS)
+            if args.trace_target:
+                names.append(UNTRACED)
             code = {name: ROOT for name in names}
             if args.baseline_rev:
                 names.append(PREVIOUS)
@@ -277,6 +288,7 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                         database_url,
                         server=name != PREVIOUS,
                         embeddings=None if name == PREVIOUS else embeddings,
+                        trace="off" if name == UNTRACED else None,
                     )
                 )
                 port = free_port()
@@ -614,6 +626,11 @@ def summarize(
             now, before = on[key], stats[KEYWORDS][key]
             added = None if now is None or before is None else round(now - before, 3)
             accounting["embeddings_added_" + key] = added
+    if UNTRACED in stats:
+        for key in ("p50_ms", "ttft_p50_ms", "cpu_ms_per_request"):
+            now, before = on[key], stats[UNTRACED][key]
+            added = None if now is None or before is None else round(now - before, 3)
+            accounting["trace_added_" + key] = added
     if PREVIOUS in stats:
         prev = stats[PREVIOUS]
         for key in ("p50_ms", "ttft_p50_ms"):
@@ -699,6 +716,14 @@ def table(
                 f"{'':<16}embeddings on over off (memproxy over {KEYWORDS}): p50 "
                 f"{fmt(result['embeddings_added_p50_ms'], True)} ms"
                 + ("" if ttft_added is None else f", ttft {fmt(ttft_added, True)} ms")
+            )
+        if "trace_added_p50_ms" in result:
+            ttft_added = result["trace_added_ttft_p50_ms"]
+            lines.append(
+                f"{'':<16}trace summary over off (memproxy over {UNTRACED}): p50 "
+                f"{fmt(result['trace_added_p50_ms'], True)} ms"
+                + ("" if ttft_added is None else f", ttft {fmt(ttft_added, True)} ms")
+                + f", cpu/req {fmt(result['trace_added_cpu_ms_per_request'], True)} ms"
             )
         if "accounting_target_met" in result:
             verdict = "met" if result["accounting_target_met"] else "NOT met"
@@ -801,7 +826,7 @@ def headers_for(name: str, args: argparse.Namespace) -> dict[str, str]:
     headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
     if name == "memproxy-off":
         headers["x-memory-mode"] = "off"
-    elif name in ("memproxy", PREVIOUS, KEYWORDS) and args.memory_mode:
+    elif name in ("memproxy", PREVIOUS, KEYWORDS, UNTRACED) and args.memory_mode:
         headers["x-memory-mode"] = args.memory_mode
     if args.user:
         headers["x-memory-user-id"] = args.user
@@ -1007,6 +1032,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"also run {KEYWORDS} (memory on, embeddings off): what embeddings add; "
         "needs --user (the anonymous user's turns are not embedded)",
+    )
+    parser.add_argument(
+        "--trace-target",
+        action="store_true",
+        help=f"also run {UNTRACED} (the tenant's trace off): what recording traces adds",
     )
     parser.add_argument("--memproxy-log-level", default="info")
     parser.add_argument("--logs", help="keep the servers' logs in this directory")

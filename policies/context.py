@@ -33,6 +33,7 @@ class StoredTurn:
     message: Message
     tokens: int
     seq: int = 0  # its place in the conversation (0: not known)
+    pk: int = 0  # its row (0: not known), for the trace's references
 
 
 @dataclass(frozen=True, slots=True)

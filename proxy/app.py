@@ -56,6 +56,7 @@ from proxy.routes import (
     ops,
     reference,
     responses,
+    traces,
     usage,
     users,
 )
@@ -63,6 +64,8 @@ from proxy.routes import attachments as attachments_routes
 from proxy.routes import jobs as jobs_routes
 from proxy.routes import limits as limits_routes
 from proxy.state import AppState, new_http_client
+from proxy.ui import TEMPLATES
+from proxy.ui import routers as inspector
 from storage import migrate
 from storage.database import Database
 from storage.repositories.system import SystemRepository
@@ -313,6 +316,7 @@ def create_app(
             attachments_routes.router(config.server),
             *jobs_routes.ROUTES,
             *usage.ROUTES,
+            *traces.ROUTES,
             limits_routes.get_limits,
             ops.healthz,
             ops.healthz_head,
@@ -320,12 +324,14 @@ def create_app(
             ops.readyz_head,
             ops.metrics,
             reference.docs_router(),
+            *inspector(config.server),
         ],
         dependencies={
             "services": Provide(provide_services, sync_to_thread=False),
             "principal": Provide(provide_principal),
         },
         exception_handlers=EXCEPTION_HANDLERS,
+        template_config=TEMPLATES,
         before_request=before_handler,
         before_send=[access_hook],
         lifespan=[lifespan],

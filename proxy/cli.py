@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 
+from proxy import cli_client
 from proxy.core.config import Config, ConfigError
 from proxy.core.config_file import load_config
 
@@ -78,7 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     check.add_argument("--config", help="config file (default: $MEMPROXY_CONFIG or config.yaml)")
     migrate = sub.add_parser("migrate", help="apply database migrations and exit")
     migrate.add_argument("--config", help="config file (default: $MEMPROXY_CONFIG or config.yaml)")
+    cli_client.add_commands(sub)  # (against a running server: no config read)
     args = parser.parse_args(argv)
+    if args.command in cli_client.COMMANDS:
+        raise SystemExit(cli_client.run(args))
 
     path = _path(args.config)
     config = _load(path)

@@ -458,6 +458,26 @@ class ServerSecret(Base):
     value: Mapped[str] = mapped_column(String(256))
 
 
+class ExchangeTrace(Base):
+    """What the model saw and why, for one exchange (docs/reference/trace.md): recorded by the
+    turn pipeline's stages and written with the exchange's record, in the same transaction.
+    Goes with its exchange (erasure, retention) by the foreign key's cascade. Made by
+    migration 0023."""
+
+    __tablename__ = "exchange_traces"
+
+    request_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("exchanges.request_id", ondelete="CASCADE"), primary_key=True
+    )
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    level: Mapped[str] = mapped_column(String(8))  # full | summary
+    size: Mapped[int] = mapped_column(Integer)  # bytes of `trace`
+    # What was cut to keep it within its size, in order (policies/trace.py); empty: nothing.
+    truncated: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # The trace as JSON text, serialized once by the pipeline (its size measured on it).
+    trace: Mapped[str] = mapped_column(Text)
+
+
 # Core handles on the tables, for the repositories' SQL expressions.
 CONVERSATIONS = cast(Table, Conversation.__table__)
 MESSAGES = cast(Table, Message.__table__)
@@ -474,3 +494,4 @@ CHUNK_VECTORS = cast(Table, ChunkVector.__table__)
 ERASURES = cast(Table, Erasure.__table__)
 RESPONSES = cast(Table, StoredResponse.__table__)
 SERVER_SECRETS = cast(Table, ServerSecret.__table__)
+EXCHANGE_TRACES = cast(Table, ExchangeTrace.__table__)

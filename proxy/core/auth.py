@@ -103,7 +103,11 @@ class KeyRing:
         key = key.strip()
         if kind.lower() != "bearer" or not key:
             raise AuthenticationFailed("Malformed Authorization header; expected 'Bearer <key>'.")
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self.by_digest(key_digest(key), scope)
+
+    def by_digest(self, digest: str, scope: Scope) -> Principal:
+        """The key whose SHA-256 digest (hex) this is, as `authenticate` (401 unknown key, 403
+        scope): the web inspector's session holds the digest, not the key."""
         match = next(
             (
                 entry
@@ -129,7 +133,11 @@ class KeyRing:
         authorization = headers.get("authorization")
         if x_api_key:
             authorization = bearer_or_api_key(authorization, headers.get("x-api-key"))
-        principal = self.authenticate(authorization, scope)
+        return self.identify(self.authenticate(authorization, scope), headers)
+
+    def identify(self, principal: Principal, headers: Headers) -> Principal:
+        """The user a key's request acts as, by its tenant's identity mode (see the module's
+        docstring)."""
         tokens = self._tokens.get(principal.tenant_id)
         named = header_value(headers, USER_HEADER)
         if tokens is None:
@@ -164,6 +172,12 @@ class KeyRing:
         if principal.user is not None and user != principal.user:
             raise not_allowed(principal, user, TOKEN_HEADER)
         return replace(principal, user=user, bound_by="token")
+
+
+def key_digest(key: str) -> str:
+    """A presented key's SHA-256 digest, in hex: always hashed (a `sha256:<hex>` string is a
+    config's way to hold a key, never a key a caller may present)."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def operator_key(principal: Principal) -> bool:

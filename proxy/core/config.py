@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from policies.intent_labels import DEFAULT_LABELS, OTHER
+from policies.trace import TraceLevel
 from proxy.core.config_identity import ApiKeyConfig as ApiKeyConfig
 from proxy.core.config_identity import IdentityConfig as IdentityConfig  # (one of the models)
 from proxy.core.config_identity import Scope as Scope
@@ -58,6 +59,9 @@ class ServerConfig(_Strict):
     # When set, GET /metrics wants `Authorization: Bearer <metrics_key>` (it names tenants and
     # the models their clients ask for); when null it is open, like /healthz.
     metrics_key: str | None = Field(None, min_length=1)
+    # Signs the web inspector's (/ui) session cookies; give every replica the same one. When
+    # null, a secret made at start-up: sessions end on restart and do not cross replicas.
+    ui_secret: str | None = Field(None, min_length=16)
     # The background job queue (memory extraction): how often each replica looks for due jobs
     # (it also looks at once when it queues one), how many it runs at a time, how long a job
     # may run before another replica may take it over, and its retries.
@@ -391,6 +395,9 @@ class TenantSettings(_Strict):
     # search index, vectors, attachments, summaries), with exchange records as old and
     # memories neither pinned, changed nor used since. null: kept until deleted.
     retention_days: float | None = Field(None, gt=0)
+    # Each exchange's trace (what the model saw and why, docs/reference/trace.md): `summary`
+    # keeps the added context's parts by reference, `full` its text as sent, `off` nothing.
+    trace: Annotated[TraceLevel, Off] = "summary"
 
 
 class TenantConfig(TenantSettings):

@@ -77,8 +77,10 @@ async def assemble_turn(
         reserve_tokens=req.turn.reserve_tokens,
     )
     attach = turn is not None and use_memory and req.turn.attach_history
-    history = turn.history if turn is not None and attach else []
-    attached = await _attach(req, loaded, history, budget, use_memory, question)
+    history = considered = turn.history if turn is not None and attach else []
+    trace = req.trace
+    with trace.timed("attachments"):
+        attached = await _attach(req, loaded, history, budget, use_memory, question)
     paid(attached)
     left = ctx.token_budget - attached.tokens
     recall_budget = left
@@ -90,27 +92,36 @@ async def assemble_turn(
         history = history_for(
             messages, history, replace(budget, token_budget=left - max(0, recall_budget))
         )
-    # Stored turns older than that history: their summary, out of the history's share.
-    summarized = await summarize_history(
-        req.services,
-        tenant,
-        turn,
-        messages,
-        history,
-        replace(budget, token_budget=left - max(0, recall_budget)),
-        count_use=not req.dry_run,
+    trace.budgeted(
+        token_budget=ctx.token_budget,
+        attachments=int(ctx.token_budget * tenant.attachments.share),
+        recall=max(0, recall_budget),
+        context_window=window,
+        reserve_tokens=budget.reserve_tokens,
     )
+    # Stored turns older than that history: their summary, out of the history's share.
+    with trace.timed("summary"):
+        summarized = await summarize_history(
+            req.services,
+            tenant,
+            turn,
+            messages,
+            history,
+            replace(budget, token_budget=left - max(0, recall_budget)),
+            count_use=not req.dry_run,
+        )
     history = summarized.history
     kept = kept_for(req, turn) if use_memory else None
     if kept is not None:
         recall_budget = kept.budget(recall_budget, ctx.token_budget)
-    recalled = (
-        await recall_for(
-            req, turn, history, recall_budget, question, shown=kept.turns if kept else ()
+    with trace.timed("recall"):
+        recalled = (
+            await recall_for(
+                req, turn, history, recall_budget, question, shown=kept.turns if kept else ()
+            )
+            if use_memory
+            else None
         )
-        if use_memory
-        else None
-    )
     found = recalled.found if recalled else NOTHING
     partial = _note_skipped(
         req,
@@ -142,6 +153,18 @@ async def assemble_turn(
     sent = assembly is not None and assembly.recalled  # (not dropped for the window)
     if kept is not None:
         _keep_shown(req, kept, assembly, section if sent else None, found)
+    if trace.on:
+        _trace_window(req, assembly, section is not None, summarized.section is not None)
+        trace.assembled(
+            assembly,
+            considered=considered,
+            offered=history,
+            recall=found,
+            recall_text=section.text if section is not None else None,
+            summary=summarized,
+            attached=attached,
+            placement=ctx.placement,
+        )
     shown = found if sent else NOTHING
     if shown.memory_pks and turn is not None and not req.dry_run:
         _count_memory_use(req, turn, shown.memory_pks)
@@ -195,12 +218,29 @@ def attached_record(
     return record
 
 
+def _trace_window(
+    req: TurnRequest, assembly: Assembly | None, recalled: bool, summarized: bool
+) -> None:
+    """What the model's context window left out, into the trace."""
+    if assembly is None:
+        return
+    why = "the prompt would not fit the model's context window"
+    if recalled and not assembly.recalled:
+        req.trace.degrade("recall", f"{why}: the recall section was left out")
+    if summarized and not assembly.summarized:
+        req.trace.degrade("summary", f"{why}: the history summary was left out")
+    if assembly.dropped_for_window:
+        req.trace.degrade("history", f"{why}: {assembly.dropped_for_window} messages left out")
+
+
 def _note_skipped(req: TurnRequest, loaded: Loaded, **failed: bool) -> bool:
     """Parts of memory storage failed (or was too slow) for after the turn was stored: the
     request goes on without them, answered `degraded` and counted (reason `partial`)."""
     skipped = [part for part, yes in failed.items() if yes]
     if not skipped:
         return False
+    for part in skipped:
+        req.trace.degrade(part, "storage failed or was too slow: left out")
     if not loaded.degraded:  # (a turn that was not stored is counted already, as such)
         req.services.metrics.degraded.labels(req.tenant_id, "partial").inc()
     log.warning("memory_partly_skipped", request_id=req.request_id, parts=skipped)

@@ -71,6 +71,19 @@ class TurnIntent:
         if not self.policy_allows_memory() and attached is not None:
             attached["intent_policy"] = self.by_policy
 
+    def traced(self) -> None:
+        """The intent the turn acted on, and how it was decided, into its trace."""
+        intent, settings = self.intent, self.req.principal.tenant.intent
+        if intent is None:
+            how = "none (intent is off)" if settings.mode == "off" else "none"
+        elif intent.method == "llm":
+            how = "llm (waited for, intent.wait_for_llm)"
+        elif self.llm is not None:
+            how = "keyword (the LLM's label, when it answers, replaces it in the record)"
+        else:
+            how = "keyword"
+        self.req.trace.decided(intent, how, self.by_policy)
+
     def now(self) -> tuple[Intent | None, Decimal]:
         """The intent for the headers (the LLM's if it has answered) and what the LLM call
         cost so far (nothing when its model has no price: see Bill)."""

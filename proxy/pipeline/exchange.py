@@ -179,29 +179,32 @@ class TurnExchange:
 
     async def _remember(self) -> None:
         """Store the turn (per the memory mode), classify it and assemble what it gets."""
-        req = self.req
+        req, trace = self.req, self.req.trace
         self.ledger.question = embed_question(req)
-        if len(req.turn.messages) >= HEAVY_TURN_MESSAGES:
-            # (waited for outside the storage timeout: a large turn waits its turn, and is
-            # not degraded for it)
-            async with self.services.heavy_turns.slot(req.tenant_id):
-                self.loaded = await load(req, self.inline)
-        else:
-            # (large writes give way to it meanwhile)
-            with self.services.db.write_slots.expecting():
-                self.loaded = await load(req, self.inline)
+        with trace.timed("load"):
+            if len(req.turn.messages) >= HEAVY_TURN_MESSAGES:
+                # (waited for outside the storage timeout: a large turn waits its turn, and
+                # is not degraded for it)
+                async with self.services.heavy_turns.slot(req.tenant_id):
+                    self.loaded = await load(req, self.inline)
+            else:
+                # (large writes give way to it meanwhile)
+                with self.services.db.write_slots.expecting():
+                    self.loaded = await load(req, self.inline)
         self.ledger.turn, self.ledger.spilled = self.loaded.turn, self.loaded.spilled
-        use_memory = await self.intent.classify(self.loaded.turn)
+        with trace.timed("classify"):
+            use_memory = await self.intent.classify(self.loaded.turn)
         if self.intent.deferred:
             self.while_upstream.append(self.classify_later)
-        self.assembled = await assemble_turn(
-            req,
-            self.loaded,
-            use_memory=use_memory,
-            by_policy=self.intent.by_policy,
-            question=self.ledger.question,
-            paid=self._paid,
-        )
+        with trace.timed("assemble"):
+            self.assembled = await assemble_turn(
+                req,
+                self.loaded,
+                use_memory=use_memory,
+                by_policy=self.intent.by_policy,
+                question=self.ledger.question,
+                paid=self._paid,
+            )
         self.attached = self.assembled.record
 
     def _paid(self, attached: Attached) -> None:
@@ -292,6 +295,9 @@ class TurnExchange:
 
     async def _settle(self, outcome: Outcome) -> None:
         self.classify_later()  # (if it ended before its upstream call: for the record)
+        if self.req.trace.on:
+            self.intent.traced()
+            outcome.trace = self.req.trace
         if self.flight is not None:
             self.flight.end()
         await self.ledger.settle(outcome, self.sent, self.intent.llm)

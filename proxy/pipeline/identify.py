@@ -14,6 +14,7 @@ from proxy.core.access import RequestInfo, request_info
 from proxy.core.auth import USER_HEADER, Principal
 from proxy.core.errors import BadRequest
 from proxy.core.requests import check_user_id, header_text
+from proxy.pipeline.trace import TraceRecorder
 from proxy.pipeline.turn import ANONYMOUS, Mode, now
 from proxy.pipeline.wire import NeutralTurn
 from proxy.state import AppState
@@ -94,6 +95,8 @@ class TurnRequest:
     upstream: Upstream
     info: RequestInfo
     started_at: datetime = field(default_factory=now)
+    # What the model saw and why, as the stages record it (the tenant's `trace` level).
+    trace: TraceRecorder = field(default_factory=TraceRecorder.off)
     # Only what would be sent is wanted (count_tokens): the read stages run, nothing is
     # stored or queued, and no model is called (exchange.TurnExchange.prompt).
     dry_run: bool = False
@@ -116,6 +119,7 @@ class TurnRequest:
             identify(request, principal, turn.user_fields, turn.conversation_id),
             services.upstream_for(principal),
             request_info(request.scope),
+            trace=TraceRecorder(principal.tenant.trace),
             dry_run=dry_run,
         )
 

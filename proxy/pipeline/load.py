@@ -133,6 +133,7 @@ async def _degrade(req: TurnRequest, inline: list[Inline], error: StorageError) 
     reason = "timeout" if isinstance(error, StorageTimeout) else "unavailable"
     if isinstance(error, StorageCircuitOpen):
         reason = "circuit_open"  # (not tried: the circuit logs its opening, not each request)
+    req.trace.degrade("storage", f"{reason}: the turn went on without memory ({error})")
     if not req.principal.tenant.fail_open:
         raise ServiceUnavailable(
             "Memory storage is unavailable. Try again later.",

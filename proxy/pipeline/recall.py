@@ -29,6 +29,7 @@ from policies.recall import (
     wide_hits,
 )
 from policies.tokens import count_text
+from policies.trace import MAX_CANDIDATES
 from proxy.background.semantic_query import SemanticQuery
 from proxy.background.vector_index import Nearest
 from storage.database import Database
@@ -38,12 +39,31 @@ from storage.repositories.search import Found, Hit, MessageSearch
 
 
 @dataclass(frozen=True, slots=True)
+class RecallTrace:
+    """How recall chose, for the exchange's trace: the search terms, how many hits each search
+    found, the best ranked turns (`candidates`: pk, conversation, seq, role, value, the
+    search's score, whether the search found it, tokens) and the memories weighed."""
+
+    terms: list[str]
+    lexical_hits: int = 0
+    vector_hits: int = 0
+    semantic: bool = False
+    candidates: list[tuple[int, str, int, str, float, float | None, bool, int]] = field(
+        default_factory=list
+    )
+    ranked: int = 0  # turns ranked in all
+    memories_considered: int = 0
+    memory_tokens: int = 0  # of the memories attached (their lines, as budgeted)
+
+
+@dataclass(frozen=True, slots=True)
 class Recall:
     excerpts: list[Excerpt]
     section: Recalled | None
     memories: list[str] = field(default_factory=list)  # ids of the pinned memories attached
     known: list[str] = field(default_factory=list)  # ids of the other memories attached
     memory_pks: list[int] = field(default_factory=list)  # of all attached (access counts)
+    trace: RecallTrace | None = None
 
     @property
     def messages(self) -> int:
@@ -166,11 +186,14 @@ async def recall(
         scores = favour_period(scores, said, asked_period(text, now))
         meaning = vectors[0].of(said.keys())
     ranked = rank(scores, turns, now=now, terms=terms, exclude=exclude, wide=wide, meaning=meaning)
+    costs: dict[int, int] = {}  # memory pk -> its line's tokens, as budgeted
     # The user's pinned instructions go in a section of their own (policies/recall.py).
     standing = [m for m in pinned if m.kind == "instruction"]
     pinned = [m for m in pinned if m.kind != "instruction"]
     facts = [m.text for m in pinned]
-    used = sum(count_text(m.text) + MEMORY_LINE_TOKENS for m in [*standing, *pinned])
+    for m in [*standing, *pinned]:
+        costs[m.pk] = count_text(m.text) + MEMORY_LINE_TOKENS
+    used = sum(costs.values())
     known: list[MemoryRecord] = []
     memory_room = int(budget_tokens * memory_share) - used
     by_pk = {m.pk: m for m in others}
@@ -183,6 +206,7 @@ async def recall(
         if cost > memory_room:
             break
         known.append(memory)
+        costs[memory.pk] = cost
         memory_room -= cost
         used += cost
     headings = (10 if facts else 0) + (10 if known else 0) + (30 if standing else 0)
@@ -194,16 +218,31 @@ async def recall(
         [m.text for m in known],
         [m.text for m in standing],
     )
-    if not (fitted.excerpts or fitted.memories or fitted.known or fitted.standing):
-        return NOTHING
     shown = standing[: len(fitted.standing)] + pinned[: len(fitted.memories)]
     attached = shown + known[: len(fitted.known)]
+    trace = RecallTrace(
+        terms,
+        len(hits),
+        len(near),
+        semantic is not None,
+        [
+            (t.pk, t.conversation, t.seq, t.role, e.value, scores.get(t.pk), bool(e.hits), t.tokens)
+            for e in ranked[:MAX_CANDIDATES]
+            for t in e.turns
+        ],
+        len(ranked),
+        len(standing) + len(pinned) + len(others),
+        sum(costs[m.pk] for m in attached),
+    )
+    if not (fitted.excerpts or fitted.memories or fitted.known or fitted.standing):
+        return Recall([], None, trace=trace)
     return Recall(
         fitted.excerpts,
         Recalled(fitted.text, fitted.tokens),
         [m.id for m in shown],
         [m.id for m in known[: len(fitted.known)]],
         [m.pk for m in attached],
+        trace,
     )
 
 

@@ -104,6 +104,8 @@ async def recall_for(
     ] + list(shown)
     started = time.perf_counter()
     semantic = await semantic_query(req, question)  # (memories use it without `search` too)
+    if semantic is None and question is not None and req.services.vectors is not None:
+        req.trace.degrade("embeddings", "the question was not embedded in time: words only")
     failed = False
     try:
         found = await req.services.memory.in_time(

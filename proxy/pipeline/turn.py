@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 
@@ -89,6 +89,12 @@ class Turn:
         return self.conversation.id if self.conversation else None
 
 
+class TraceSource(Protocol):
+    """What builds an exchange's trace (proxy/pipeline/trace.py), once, when it is written."""
+
+    def build(self, outcome: Outcome) -> dict[str, Any] | None: ...
+
+
 @dataclass(slots=True)
 class Outcome:
     status: Literal["complete", "incomplete", "error"]
@@ -105,10 +111,14 @@ class Outcome:
     # The protocol's own object for the reply, kept with it (a Responses API response, served
     # by id and continued with `previous_response_id`): not a column of the exchange record.
     keep: ResponseRecord | None = None
+    # The turn's trace, stored beside the record (`trace`, not a column: see Exchanges).
+    trace: TraceSource | None = None
 
     def fields(self) -> dict[str, Any]:
-        """The exchange record's columns for this outcome."""
+        """The exchange record's columns for this outcome, and its trace when it has one."""
+        trace = self.trace.build(self) if self.trace is not None else None
         return {
+            **({"trace": trace} if trace else {}),
             "status": self.status,
             "http_status": self.http_status,
             "finished_at": now(),

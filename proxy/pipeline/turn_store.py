@@ -127,7 +127,7 @@ def opening(
 
 
 def _stored(record: MessageRecord) -> StoredTurn:
-    return StoredTurn(record.to_openai(), record.tokens, record.seq)
+    return StoredTurn(record.to_openai(), record.tokens, record.seq, record.pk)
 
 
 def begin_in(

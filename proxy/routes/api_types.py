@@ -169,8 +169,41 @@ class StoredMessage(Struct, kw_only=True):
     status: str
     tokens: int
     exchange_id: str | None
+    request_id: Annotated[
+        str | None,
+        Meta(
+            description="The exchange that stored it (its trace: /v1/memory/exchanges/{id}/trace)."
+        ),
+    ] = None
     created_at: Timestamp
     metadata: dict[str, Any] | None
+
+
+class MemoryTrace(Struct, kw_only=True):
+    """What the model saw and why, for one exchange (docs/reference/trace.md)."""
+
+    id: str
+    object: Literal["memory.exchange.trace"]
+    level: Annotated[str, Meta(description="full or summary: the tenant's `trace` setting.")]
+    truncated: Annotated[
+        bool | list[str], Meta(description="False, or what was cut to keep it within its size.")
+    ]
+    bytes: int
+    user: str
+    conversation_id: str | None
+    model: str | None
+    mode: Annotated[str, Meta(description="The memory mode: full, read or off.")]
+    status: str
+    created_at: Timestamp
+    budget: dict[str, Any]
+    context: dict[str, Any]
+    sections: dict[str, Any]
+    recall: dict[str, Any] | None
+    intent: dict[str, Any] | None
+    timings: dict[str, Any]
+    degraded: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+    cost: dict[str, Any]
 
 
 class Memory(Struct, kw_only=True):
@@ -251,6 +284,19 @@ class Deleted(Struct, kw_only=True):
     deleted: Literal[True]
 
 
+class User(Struct, kw_only=True):
+    id: str
+    object: Literal["memory.user"]
+    conversations: int
+    messages: int
+    memories: int
+    last_active_at: Timestamp
+
+
+class UserList(_Page, kw_only=True):
+    data: list[User]
+
+
 class UserDeleted(Struct, kw_only=True):
     object: Literal["memory.user.deleted"]
     user: str
@@ -269,6 +315,7 @@ class UserExportDocument(Struct, kw_only=True):
     conversations: list[ExportedConversation]
     memories: list[Memory]
     exchanges: list[dict[str, Any]]
+    traces: Annotated[list[dict[str, Any]], Meta(description="Each exchange's trace, as recorded.")]
     summaries: list[dict[str, Any]]
     jobs: list[Job]
     vectors: int

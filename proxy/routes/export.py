@@ -43,6 +43,7 @@ from proxy.routes.memories import memory_object
 from proxy.routes.messages import message_object
 from proxy.routes.params import user_param
 from proxy.routes.reference import api
+from proxy.routes.traces import stored_trace_object
 from proxy.routes.usage import exchange_object
 from proxy.state import AppState
 from storage.database import Snapshot
@@ -65,6 +66,7 @@ from storage.repositories.memories import Memories
 from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
+from storage.repositories.traces import TraceRecord, Traces
 from storage.repositories.vectors import MessageVectors
 
 R = TypeVar("R")
@@ -129,6 +131,7 @@ class UserExport:
         sections = [
             ("memories", self._memories, memory_object),
             ("exchanges", self._exchanges, exchange_object),
+            ("traces", self._traces, partial(stored_trace_object, self.ids)),
             ("responses", self._responses, stored_response_object),
             ("summaries", self._summaries, summary_object),
             ("jobs", self._jobs, partial(job_object, self.ids)),
@@ -196,6 +199,9 @@ class UserExport:
 
     def _exchanges(self, last: ExchangeRecord | None, conn: Connection) -> list[ExchangeRecord]:
         return Exchanges(conn).for_user(self.tenant, self.user, limit=self.page, after=last)
+
+    def _traces(self, last: TraceRecord | None, conn: Connection) -> list[TraceRecord]:
+        return Traces(conn).for_user(self.tenant, self.user, limit=self.page, after=last)
 
     def _responses(self, last: ResponseRecord | None, conn: Connection) -> list[ResponseRecord]:
         return Responses(conn).for_user(self.tenant, self.user, limit=self.page, after=last)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response, get
+from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from policies.public_ids import JOB, PublicIds
 from proxy.core.auth import Principal
-from proxy.core.errors import BadRequest, NotFound
+from proxy.core.errors import BadRequest, Conflict, NotFound
 from proxy.core.json_responses import json_response
+from proxy.pipeline.turn import now
 from proxy.routes.api_types import Job, JobList
 from proxy.routes.params import limit_param, page, user_param
 from proxy.routes.reference import api
@@ -79,19 +80,58 @@ async def list_jobs(
     return json_response(page([job_object(services.ids, j) for j in found], limit))
 
 
+def _not_found(job_id: str) -> NotFound:
+    return NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param="job_id")
+
+
+async def find_job(services: AppState, principal: Principal, job_id: str) -> JobRecord:
+    """The tenant's job `job_id`, if the caller sees its user; else a 404."""
+    pk = services.ids.parse(JOB, job_id)
+    if pk is None:
+        raise _not_found(job_id)
+    found = await services.db.read(lambda conn: Jobs(conn).get(principal.tenant_id, pk))
+    if found is None or not principal.sees(found.user_id):
+        raise _not_found(job_id)
+    return found
+
+
+async def retry(services: AppState, principal: Principal, job_id: str) -> JobRecord:
+    """A dead job queued again with all its attempts back (404 unknown, 409 not dead)."""
+    found = await find_job(services, principal, job_id)
+    retried = await services.db.write(
+        lambda conn: Jobs(conn).retry(principal.tenant_id, found.pk, now=now())
+    )
+    if retried is None:
+        raise Conflict(
+            f"Job '{job_id}' is {found.status}; only a dead job can be retried.",
+            param="job_id",
+            code="job_not_dead",
+        )
+    services.jobs.wake()
+    return retried
+
+
 @get("/v1/memory/jobs/{job_id:str}", summary="Get a background job", **api("manage", ok=Job))
 async def get_job(
     job_id: FromPath[str],
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    pk = services.ids.parse(JOB, job_id)
-    if pk is None:
-        raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found", param="job_id")
-    found = await services.db.read(lambda conn: Jobs(conn).get(principal.tenant_id, pk))
-    if found is None or not principal.sees(found.user_id):
-        raise NotFound(f"No job found with id '{job_id}'.", code="job_not_found")
-    return json_response(job_object(services.ids, found))
+    return json_response(job_object(services.ids, await find_job(services, principal, job_id)))
 
 
-ROUTES = [list_jobs, get_job]
+@post(
+    "/v1/memory/jobs/{job_id:str}/retry",
+    summary="Run a dead job again",
+    status_code=200,
+    **api("manage", ok=Job, errors=(400, 401, 403, 404, 409, 429, 503)),
+)
+async def retry_job(
+    job_id: FromPath[str],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    return json_response(job_object(services.ids, await retry(services, principal, job_id)))
+
+
+ROUTES = [list_jobs, get_job, retry_job]

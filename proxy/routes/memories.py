@@ -63,7 +63,7 @@ def _not_found(memory_id: str) -> NotFound:
 FIELDS = ("text", "kind", "pinned", "confidence")
 
 
-def _fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
+def memory_fields(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
     """The writable fields of a body (`FIELDS`), checked."""
     fields: dict[str, Any] = {}
     if "text" in body or creating:
@@ -150,20 +150,48 @@ async def create_memory(
 ) -> Response[Any]:
     body = parse_json_object(await request.body(), (*FIELDS, "user"))
     user = user_param(principal.only(body.get("user")))
-    fields = _fields(body, creating=True)
-    memory_id = new_memory_id()
+    fields = memory_fields(body, creating=True)
+    created = await create(services, principal.tenant_id, user, fields)
+    return json_response(memory_object(created), status=201)
+
+
+async def create(
+    services: AppState, tenant_id: str, user: str, fields: dict[str, Any]
+) -> MemoryRecord:
+    """A new memory of `user` from checked `fields` (`memory_fields`), queued for embedding."""
+    memory_id, values = new_memory_id(), dict(fields)
 
     def work(conn: Connection) -> MemoryRecord:
-        Erasures(conn).share(principal.tenant_id, user)  # (wholly before an erasure, or after)
+        Erasures(conn).share(tenant_id, user)  # (wholly before an erasure, or after)
         created = Memories(conn).create(
-            principal.tenant_id, user, memory_id, fields.pop("text"), now=now(), **fields
+            tenant_id, user, memory_id, values.pop("text"), now=now(), **values
         )
         queue_embedding(conn, services, created)
         return created
 
     created = await services.db.write(work)
     services.jobs.wake()
-    return json_response(memory_object(created), status=201)
+    return created
+
+
+async def update(
+    services: AppState, tenant_id: str, memory_id: str, user: str | None, fields: dict[str, Any]
+) -> MemoryRecord:
+    """The memory with checked `fields` (`memory_fields`) changed (of `user` only, when
+    given), queued for embedding again when its text changed; 404 if there is none."""
+
+    def work(conn: Connection) -> MemoryRecord | None:
+        # (A new text takes the old one's vectors with it: Memories.update.)
+        updated = Memories(conn).update(tenant_id, memory_id, now=now(), user_id=user, **fields)
+        if updated is not None and "text" in fields:
+            queue_embedding(conn, services, updated)
+        return updated
+
+    updated = await services.db.write(work)
+    if updated is None:
+        raise _not_found(memory_id)
+    services.jobs.wake()
+    return updated
 
 
 def queue_embedding(conn: Connection, services: AppState, memory: MemoryRecord) -> None:
@@ -213,23 +241,10 @@ async def update_memory(
     services: NamedDependency[AppState],
 ) -> Response[Any]:
     user = _owner(request, principal)
-    fields = _fields(parse_json_object(await request.body(), FIELDS), creating=False)
+    fields = memory_fields(parse_json_object(await request.body(), FIELDS), creating=False)
     if not fields:
         raise BadRequest("Nothing to update: send text, kind, pinned or confidence.")
-
-    def work(conn: Connection) -> MemoryRecord | None:
-        # (A new text takes the old one's vectors with it: Memories.update.)
-        updated = Memories(conn).update(
-            principal.tenant_id, memory_id, now=now(), user_id=user, **fields
-        )
-        if updated is not None and "text" in fields:
-            queue_embedding(conn, services, updated)
-        return updated
-
-    updated = await services.db.write(work)
-    if updated is None:
-        raise _not_found(memory_id)
-    services.jobs.wake()
+    updated = await update(services, principal.tenant_id, memory_id, user, fields)
     return json_response(memory_object(updated))
 
 
@@ -245,13 +260,17 @@ async def delete_memory(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    user = _owner(request, principal)
+    await remove(services, principal.tenant_id, memory_id, _owner(request, principal))
+    return json_response({"id": memory_id, "object": "memory.memory.deleted", "deleted": True})
+
+
+async def remove(services: AppState, tenant_id: str, memory_id: str, user: str | None) -> None:
+    """The memory deleted (of `user` only, when given); 404 if there is none."""
     deleted = await services.db.write(
-        lambda conn: Memories(conn).delete(principal.tenant_id, memory_id, user)
+        lambda conn: Memories(conn).delete(tenant_id, memory_id, user)
     )
     if not deleted:
         raise _not_found(memory_id)
-    return json_response({"id": memory_id, "object": "memory.memory.deleted", "deleted": True})
 
 
 ROUTES = [list_memories, create_memory, get_memory, update_memory, delete_memory]

@@ -40,6 +40,7 @@ def message_object(ids: PublicIds, conversation_id: str, m: MessageRecord) -> di
         "status": m.status,
         "tokens": m.tokens,
         "exchange_id": m.exchange_id,
+        "request_id": m.exchange_id,  # (its trace: /v1/memory/exchanges/{id}/trace)
         "created_at": int(m.created_at.timestamp()),
         "metadata": m.meta,
     }

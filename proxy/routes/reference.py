@@ -116,7 +116,12 @@ QUERY: dict[str, Parameter] = {
             "Only pinned (true) or unpinned (false) ones.",
             Schema(type=OpenAPIType.BOOLEAN),
         ),
-        _query("q", "Search: memories holding these words, best match first.", _STRING),
+        _query(
+            "q",
+            "Search: memories holding these words, best match first; users whose id holds "
+            "this text.",
+            _STRING,
+        ),
         _query(
             "status",
             "Only jobs in this state.",

@@ -1,6 +1,7 @@
-"""Erasing a user: DELETE /v1/memory/users/{user_id}, everything stored for them.
+"""The tenant's users: GET /v1/memory/users (searchable, with counts and last activity) and
+DELETE /v1/memory/users/{user_id}, everything stored for them.
 
-Scope `manage`, within the caller's tenant.
+Scope `manage`, within the caller's tenant; a key or token bound to a user sees only that user.
 """
 
 from __future__ import annotations
@@ -9,17 +10,18 @@ from functools import partial
 from typing import Any
 
 import structlog
-from litestar import Response, delete
+from litestar import Request, Response, delete, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 from sqlalchemy import Connection
 
 from proxy.core.auth import Principal
+from proxy.core.errors import BadRequest
 from proxy.core.json_responses import json_response
 from proxy.core.user_paths import user_in_path
 from proxy.pipeline.turn import now
-from proxy.routes.api_types import UserDeleted
-from proxy.routes.params import user_param
+from proxy.routes.api_types import UserDeleted, UserList
+from proxy.routes.params import limit_param, page, user_param
 from proxy.routes.reference import api
 from proxy.state import AppState
 from storage.repositories.attachments import Attachments
@@ -32,9 +34,56 @@ from storage.repositories.memory_vectors import MemoryVectors
 from storage.repositories.responses import Responses
 from storage.repositories.summaries import Summaries
 from storage.repositories.system import SystemRepository
+from storage.repositories.users import Users, UserSummary
 from storage.repositories.vectors import MessageVectors
 
 log = structlog.get_logger("memproxy.memory")
+MAX_QUERY = 256
+
+
+def user_object(u: UserSummary) -> dict[str, Any]:
+    return {
+        "id": u.user_id,
+        "object": "memory.user",
+        "conversations": u.conversations,
+        "messages": u.messages,
+        "memories": u.memories,
+        "last_active_at": int(u.last_active_at.timestamp()),
+    }
+
+
+async def find_users(
+    services: AppState, principal: Principal, *, q: str | None, after: str | None, limit: int
+) -> list[UserSummary]:
+    """Up to `limit` of the users the caller sees, in order of their ids, after `after`,
+    whose id holds `q` (any case)."""
+    if q is not None and len(q) > MAX_QUERY:
+        raise BadRequest(f"'q' must be at most {MAX_QUERY} characters.", param="q")
+    if after is not None:
+        user_param(after, "after")
+    return await services.db.read(
+        lambda conn: Users(conn).find(
+            principal.tenant_id, limit=limit, contains=q, after=after, only=principal.user
+        )
+    )
+
+
+@get(
+    "/v1/memory/users",
+    summary="List the tenant's users, with counts and last activity",
+    **api("manage", query=("q", "after", "limit"), ok=UserList),
+)
+async def list_users(
+    request: Request[Any, Any, Any],
+    principal: NamedDependency[Principal],
+    services: NamedDependency[AppState],
+) -> Response[Any]:
+    limit = limit_param(request)
+    params = request.query_params
+    found = await find_users(
+        services, principal, q=params.get("q") or None, after=params.get("after"), limit=limit + 1
+    )
+    return json_response(page([user_object(u) for u in found], limit))
 
 
 @delete(
@@ -98,4 +147,4 @@ def erase_user(conn: Connection, tenant_id: str, user_id: str) -> dict[str, int]
     }
 
 
-ROUTES = [delete_user]
+ROUTES = [list_users, delete_user]

@@ -9,11 +9,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
-from storage.models import MESSAGES
+from storage.models import CONVERSATIONS, MESSAGES
 from storage.records import MessageRecord
 from storage.repositories.rows import columns, utc_row
 
 M = MESSAGES
+C = CONVERSATIONS
 _MESSAGE_COLUMNS = columns(M, MessageRecord)
 # A message left off the conversation's chain (a reply another answered first, a branch its
 # client went away from): kept, never attached or searched.
@@ -47,6 +48,20 @@ class ConversationMessages:
         params = {"w_tenant": tenant_id, "w_pk": conversation_pk, "w_limit": limit}
         rows = self.conn.execute(_TAIL, params).all()
         return [message_record(r) for r in reversed(rows)]
+
+    def message(self, tenant_id: str, pk: int) -> tuple[MessageRecord, str, str] | None:
+        """One of the tenant's messages by its row, with its conversation's id and its user."""
+        query = (
+            select(*_MESSAGE_COLUMNS, C.c.id.label("conversation"), M.c.user_id.label("owner"))
+            .join(C, C.c.pk == M.c.conversation_pk)
+            .where(M.c.tenant_id == tenant_id, M.c.pk == pk, C.c.tenant_id == tenant_id)
+        )
+        row = self.conn.execute(query).first()
+        if row is None:
+            return None
+        values = utc_row(row)
+        conversation, owner = values.pop("conversation"), values.pop("owner")
+        return MessageRecord(**values), conversation, owner
 
     def messages(
         self, tenant_id: str, conversation_pk: int, *, after_seq: int = 0, limit: int = 100

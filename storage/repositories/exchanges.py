@@ -25,8 +25,11 @@ from storage.errors import ConflictError
 from storage.models import EXCHANGES
 from storage.records import ExchangeRecord, NewExchange, UsageTotals
 from storage.repositories.rows import columns, delete_chosen, utc_row
+from storage.repositories.traces import Traces, trace_row
 
 E = EXCHANGES
+# Not a column: the exchange's trace, written beside its record (storage/repositories/traces.py).
+TRACE = "trace"
 # What `add_cost` did with a part.
 Added = Literal["added", "held", "missing"]
 _COLUMNS = columns(E, ExchangeRecord)
@@ -48,6 +51,7 @@ FINISH_FIELDS = frozenset(
         "cost_upstream_usd",
         "overhead_ms",
         "error",
+        TRACE,
     }
 )
 GroupBy = Literal["model", "user", "day", "intent"]
@@ -80,15 +84,26 @@ class Exchanges:
             ) from exc
 
     def insert_finished(self, rows: list[dict[str, Any]]) -> None:
-        """Record exchanges that are already over, whole, in one statement (none: nothing)."""
-        if rows:
-            self.conn.execute(_INSERT, rows)
+        """Record exchanges that are already over, whole, in one statement (none: nothing),
+        with their traces (a row's `trace`, when it has one)."""
+        if not rows:
+            return
+        self.conn.execute(_INSERT, [{k: v for k, v in r.items() if k != TRACE} for r in rows])
+        Traces(self.conn).put(
+            [trace_row(r["tenant_id"], r["request_id"], r[TRACE]) for r in rows if r.get(TRACE)]
+        )
 
     def finish(self, tenant_id: str, request_id: str, **fields: Any) -> None:
+        """Close the exchange's record; its trace (`trace`, when given) is stored beside it."""
         unknown = set(fields) - FINISH_FIELDS
         if unknown:
             raise ValueError(f"not exchange fields: {sorted(unknown)}")
-        self.conn.execute(_FINISH, {**fields, "w_tenant": tenant_id, "w_request": request_id})
+        trace = fields.pop(TRACE, None)
+        done = self.conn.execute(
+            _FINISH, {**fields, "w_tenant": tenant_id, "w_request": request_id}
+        )
+        if trace and done.rowcount:  # (none when the record is gone: erased meanwhile)
+            Traces(self.conn).put([trace_row(tenant_id, request_id, trace)])
 
     def get(self, tenant_id: str, request_id: str) -> ExchangeRecord | None:
         query = select(*_COLUMNS).where(E.c.tenant_id == tenant_id, E.c.request_id == request_id)

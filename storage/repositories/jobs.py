@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -91,6 +91,16 @@ class Jobs:
             query = query.where(J.c.pk < after_pk)
         rows = self.conn.execute(query.order_by(J.c.pk.desc()).limit(limit))
         return [job_record(r) for r in rows]
+
+    def retry(self, tenant_id: str, pk: int, *, now: datetime) -> JobRecord | None:
+        """A dead job queued again, due now, with all its attempts back (its last error kept
+        until the next attempt ends); None if the tenant has no such job or it is not dead."""
+        result = self.conn.execute(
+            update(J)
+            .where(J.c.tenant_id == tenant_id, J.c.pk == pk, J.c.status == "dead")
+            .values(status="queued", attempts=0, run_after=now, updated_at=now, result=None)
+        )
+        return self.get(tenant_id, pk) if result.rowcount else None
 
     def hold(self, tenant_id: str, pk: int, worker: str, attempt: int) -> bool:
         """Lock a running job for the rest of this transaction, if `worker`'s `attempt` (the

@@ -24,7 +24,7 @@ from tests.conftest import KEY, make_config
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 # POSTs that take no body, as their OpenAI counterparts.
-BODYLESS = {"/v1/responses/{response_id}/cancel"}
+BODYLESS = {"/v1/responses/{response_id}/cancel", "/v1/memory/jobs/{job_id}/retry"}
 
 
 @pytest.fixture

@@ -103,6 +103,7 @@ async def test_export_holds_everything_of_the_user_and_nothing_else(
     assert [a["content"] for a in trip["attachments"]] == ["Packing list: boots."]
     assert [m["text"] for m in data["memories"]] == ["likes teal"]
     assert [x["id"] for x in data["exchanges"]] == [request_id]
+    assert [t["id"] for t in data["traces"]] == [request_id]  # (what the model saw, too)
     assert "bob" not in str(data)
 
     # Another tenant sees nothing of it; a chat-only key may not export.
@@ -114,6 +115,7 @@ async def test_export_holds_everything_of_the_user_and_nothing_else(
     assert (await api.delete("/memory/users/alice")).status_code == 200
     after = (await export(api, "alice")).json()
     assert after["conversations"] == after["memories"] == after["exchanges"] == []
+    assert after["traces"] == []
     assert after["summaries"] == after["jobs"] == [] and after["vectors"] == 0
 
 
@@ -298,6 +300,7 @@ async def test_the_export_streams_the_same_document_page_by_page(
         "conversations",
         "memories",
         "exchanges",
+        "traces",
         "responses",
         "summaries",
         "jobs",

@@ -28,6 +28,7 @@ from proxy.core.config import (
 from tests.conftest import KEY, OTHER_TENANT_KEY
 from tests.fakes.openai_upstream import FakeOpenAI, Reply, model_said
 from tests.fakes.server import ServerThread
+from tests.inspector import form, signed_in
 from tests.polling import eventually
 from tests.processes import kill, spawn, stop, wait_ready
 
@@ -493,3 +494,41 @@ async def test_a_memory_model_that_reports_no_usage_is_charged_by_our_count(
     # tiktoken's count of what was asked (the exchange, framed) and of the answer.
     assert part["prompt_tokens"] > 20 and part["completion_tokens"] > 5
     assert part["cost_usd"] > 0
+
+
+async def test_a_dead_job_retried_runs_again_with_its_attempts_back(
+    proxies: Callable[..., Proxy], memory_model: tuple[FakeOpenAI, str]
+) -> None:
+    model, proxy = memory_model[0], proxies()
+    model.script = [said("Sure!"), said("Sure!")]
+    request_id = await proxy.chat("I like tea.")
+    job = await proxy.job_of(request_id, until=("dead",))
+    model.script = [decisions({"action": "add", "text": "The user likes tea."})]
+
+    response = await proxy.http.post(f"/memory/jobs/{job['id']}/retry")
+    assert response.status_code == 200, response.text
+    assert (response.json()["status"], response.json()["attempts"]) == ("queued", 0)
+    done = await proxy.job_of(request_id, until=("done",))
+    assert (done["id"], done["attempts"]) == (job["id"], 1)
+    assert [m["text"] for m in await proxy.memories()] == ["The user likes tea."]
+
+    # The inspector's jobs page lists the dead letters with a button that does the same.
+    model.script = [said("Sure!"), said("Sure!")]
+    request_id = await proxy.chat("I like coffee.")
+    job = await proxy.job_of(request_id, until=("dead",))
+    model.script = [decisions({"action": "add", "text": "The user likes coffee."})]
+    root = str(proxy.http.base_url).removesuffix("/v1/")
+    with signed_in(root) as ui:
+        dead = ui.get("/ui/jobs", params={"status": "dead"}).text
+        assert job["id"] in dead and "Retry" in dead
+        retried = form(ui, "/ui/jobs/retry", "/ui/jobs?status=dead", id=job["id"])
+        assert retried.status_code == 303, retried.text
+        assert f"Job {job['id']} queued again." in ui.get(retried.headers["location"]).text
+    await proxy.job_of(request_id, until=("done",))
+
+    # Only a dead job runs again; another tenant's, or one that is not there, is not found.
+    again = await proxy.http.post(f"/memory/jobs/{job['id']}/retry")
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "job_not_dead")
+    other = proxies(OTHER_TENANT_KEY)
+    assert (await other.http.post(f"/memory/jobs/{job['id']}/retry")).status_code == 404
+    assert (await proxy.http.post("/memory/jobs/job_nope/retry")).status_code == 404

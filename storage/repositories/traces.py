@@ -1,0 +1,117 @@
+"""Exchange traces (what the model saw and why, per exchange): written with the exchange's
+record, read by the management API. Each row goes with its exchange (the foreign key
+cascades), so erasure and retention need nothing of their own here. Every call takes the
+tenant."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Insert, bindparam, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from storage.models import EXCHANGE_TRACES, EXCHANGES
+
+T = EXCHANGE_TRACES
+E = EXCHANGES
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    request_id: str
+    tenant_id: str
+    user_id: str  # the exchange's
+    level: str
+    size: int
+    truncated: list[str]
+    trace: dict[str, Any]
+
+
+def trace_row(tenant_id: str, request_id: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """The row of a trace as the pipeline hands it over (policies/trace.py's `bounded`:
+    `level`, `size`, `truncated`, and `text`, its JSON)."""
+    return {
+        "request_id": request_id,
+        "tenant_id": tenant_id,
+        "level": stored["level"],
+        "size": stored["size"],
+        "truncated": list(stored.get("truncated") or []),
+        "trace": stored["text"],
+    }
+
+
+def _upsert(insert: Any) -> Insert:
+    """One statement per dialect, built once: a trace written again (a replay that repeats)
+    replaces the one there, of the same tenant only."""
+    statement = insert(T)
+    return statement.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[T.c.request_id],
+        set_={
+            "level": statement.excluded.level,
+            "size": statement.excluded.size,
+            "truncated": statement.excluded.truncated,
+            "trace": statement.excluded.trace,
+        },
+        where=T.c.tenant_id == statement.excluded.tenant_id,
+    )
+
+
+_UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
+_SELECT = select(
+    T.c.request_id,
+    T.c.tenant_id,
+    E.c.user_id,
+    T.c.level,
+    T.c.size,
+    T.c.truncated,
+    T.c.trace,
+).join(E, (E.c.request_id == T.c.request_id) & (E.c.tenant_id == T.c.tenant_id))
+_GET = _SELECT.where(
+    T.c.tenant_id == bindparam("w_tenant"), T.c.request_id == bindparam("w_request")
+)
+
+
+def _record(row: Any) -> TraceRecord:
+    values = dict(row._mapping)
+    values["trace"] = json.loads(values["trace"])
+    values["truncated"] = list(values["truncated"] or [])
+    return TraceRecord(**values)
+
+
+class Traces:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def put(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Store traces (`trace_row`s) of exchanges whose records are in this transaction."""
+        if rows:
+            self.conn.execute(_UPSERT[self.conn.dialect.name], list(rows))
+
+    def get(self, tenant_id: str, request_id: str) -> TraceRecord | None:
+        """The trace of the tenant's exchange `request_id`, with the exchange's user."""
+        row = self.conn.execute(_GET, {"w_tenant": tenant_id, "w_request": request_id}).first()
+        return _record(row) if row is not None else None
+
+    def for_user(
+        self, tenant_id: str, user_id: str, *, limit: int, after: TraceRecord | None = None
+    ) -> list[TraceRecord]:
+        """A user's traces by request id, `limit` at a time (export)."""
+        query = _SELECT.where(T.c.tenant_id == tenant_id, E.c.user_id == user_id)
+        if after is not None:
+            query = query.where(T.c.request_id > after.request_id)
+        rows = self.conn.execute(query.order_by(T.c.request_id).limit(limit))
+        return [_record(row) for row in rows]
+
+    def count(self, tenant_id: str, user_id: str | None = None) -> int:
+        """How many traces the tenant (or one of its users) has."""
+        query = (
+            select(func.count())
+            .select_from(T.join(E, E.c.request_id == T.c.request_id))
+            .where(T.c.tenant_id == tenant_id)
+        )
+        if user_id is not None:
+            query = query.where(E.c.user_id == user_id)
+        return int(self.conn.execute(query).scalar_one())
