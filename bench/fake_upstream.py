@@ -15,6 +15,11 @@ text delta together (as the role chunk), one chunk per word, the `.done` events 
 the stop chunk), then `response.completed` with its usage at once (as the usage chunk and
 `[DONE]`). So a Responses stream's time to first token and length match the chat one's.
 
+`POST /v1/messages` (Anthropic's Messages API) is answered the same way: the same text, as a
+`message` or its event sequence, sent in as many chunks with the same delays (`message_start`,
+`content_block_start` and `ping` together, one `text_delta` per word, `content_block_stop`
+and `message_delta` together, then `message_stop`).
+
     python bench/fake_upstream.py --port 9000 --chunk-delay 0.002 --tail 0.3 [--latency 0.2]
 """
 
@@ -34,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvicorn
 
+from tests.fakes.anthropic_upstream import sse as anthropic_sse
 from tests.fakes.openai_responses import response_object, stream_events
 from tests.fakes.openai_upstream import FakeOpenAI, Receive, Recorded, Reply, Send, sse
 
@@ -52,10 +58,14 @@ class BenchUpstream(FakeOpenAI):
 
     def _default(self, request: Recorded) -> Reply:
         responses = request.method == "POST" and request.path == "/v1/responses"
+        messages = request.method == "POST" and request.path == "/v1/messages"
         if TAIL_MODEL.encode() in request.body:
-            return Reply(headers={_TAIL_MARK: "responses" if responses else "chat"}, chunks=[])
+            kind = "responses" if responses else "messages" if messages else "chat"
+            return Reply(headers={_TAIL_MARK: kind}, chunks=[])
         if responses:
             return responses_reply(request.json())
+        if messages:
+            return messages_reply(request.json())
         return super()._default(request)
 
     async def _send(self, reply: Reply, receive: Receive, send: Send) -> None:
@@ -64,6 +74,9 @@ class BenchUpstream(FakeOpenAI):
             return
         if reply.headers[_TAIL_MARK] == "responses":
             await self._send_responses_tail(send)
+            return
+        if reply.headers[_TAIL_MARK] == "messages":
+            await self._send_messages_tail(send)
             return
         head = {"id": "chatcmpl-tail", "object": "chat.completion.chunk", "model": TAIL_MODEL}
         await send(
@@ -77,8 +90,14 @@ class BenchUpstream(FakeOpenAI):
         chunk = sse({**head, "choices": [first]})
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await asyncio.sleep(self.tail)
-        last = {"index": 0, "delta": {}, "finish_reason": "stop"}
-        end = sse({**head, "choices": [last], "upstream_end_ns": time.monotonic_ns()})
+        ended = time.monotonic_ns()
+        # (also in the text: a stream memproxy translates to another protocol keeps only that)
+        last = {
+            "index": 0,
+            "delta": {"content": f" upstream_end_ns={ended}"},
+            "finish_reason": "stop",
+        }
+        end = sse({**head, "choices": [last], "upstream_end_ns": ended})
         await send({"type": "http.response.body", "body": end + b"data: [DONE]\n\n"})
 
     async def _send_responses_tail(self, send: Send) -> None:
@@ -104,6 +123,27 @@ class BenchUpstream(FakeOpenAI):
         payload["upstream_end_ns"] = time.monotonic_ns()
         end = completed[0] + b"\ndata: " + json.dumps(payload).encode() + b"\n\n"
         await send({"type": "http.response.body", "body": b"".join(events[5:-1]) + end})
+
+    async def _send_messages_tail(self, send: Send) -> None:
+        """The tail stream as Messages events: up to the first text delta, `--tail` s, the
+        rest; `message_delta` carries `upstream_end_ns`."""
+        events = messages_events({"model": TAIL_MODEL}, "first", 1)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        first = b"".join(events[:4])  # message_start, content_block_start, ping, the delta
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await asyncio.sleep(self.tail)
+        stop, delta, end = events[4:]
+        name, data = delta.split(b"\ndata: ", 1)
+        payload = json.loads(data)
+        payload["upstream_end_ns"] = time.monotonic_ns()
+        delta = name + b"\ndata: " + json.dumps(payload).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": stop + delta + end})
 
 
 # Every response and output item has an id of its own, as OpenAI's: memproxy keeps responses by id.
@@ -167,6 +207,103 @@ def responses_reply(body: dict[str, Any]) -> Reply:
             *events[4 : 4 + words],  # one output_text.delta per word
             b"".join(events[4 + words : -1]),  # output_text, content_part, output_item .done
             events[-1],  # response.completed, with the usage
+        ]
+    )
+
+
+def _messages_text(body: dict[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            return " ".join(b.get("text", "") for b in content or [] if b.get("type") == "text")
+    return ""
+
+
+def messages_events(body: dict[str, Any], text: str, prompt: int) -> list[bytes]:
+    """A Messages API event stream for a reply of `text`, one event per element."""
+    usage = {
+        "input_tokens": prompt,
+        "output_tokens": len(text.split()),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    start = {
+        "id": f"msg_{_next_id()}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model"),
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 1},
+    }
+    words = text.split(" ")
+    deltas = [
+        {"type": "text_delta", "text": word if i == len(words) - 1 else word + " "}
+        for i, word in enumerate(words)
+    ]
+    stop = {"stop_reason": "end_turn", "stop_sequence": None}
+    return [
+        anthropic_sse("message_start", {"type": "message_start", "message": start}),
+        anthropic_sse(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        anthropic_sse("ping", {"type": "ping"}),
+        *(
+            anthropic_sse(
+                "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d}
+            )
+            for d in deltas
+        ),
+        anthropic_sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        anthropic_sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": stop,
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        ),
+        anthropic_sse("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def messages_reply(body: dict[str, Any]) -> Reply:
+    """What the chat fake would say to `body`, as a Messages `message` or event stream."""
+    text = f"fake reply to: {_messages_text(body)}"
+    prompt = len(str(body.get("system") or "").split()) + len(str(body.get("messages")).split())
+    if not body.get("stream"):
+        message = {
+            "id": f"msg_{_next_id()}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": prompt,
+                "output_tokens": len(text.split()),
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+        return Reply(body=message)
+    events = messages_events(body, text, prompt)
+    words = len(text.split(" "))
+    return Reply(
+        chunks=[
+            b"".join(events[:3]),  # message_start, content_block_start, ping
+            *events[3 : 3 + words],  # one text_delta per word
+            b"".join(events[3 + words : -1]),  # content_block_stop, message_delta
+            events[-1],  # message_stop
         ]
     )
 

@@ -1,7 +1,7 @@
 """The floor: the least any Python proxy adds, a bare Litestar + httpx pass-through.
 
 One shared keep-alive httpx client forwards the raw bytes of POST /v1/chat/completions (and of
-POST /v1/responses, the same way) to the upstream and relays the reply, a stream chunk by
+POST /v1/responses and POST /v1/messages, the same way) to the upstream and relays the reply, a stream chunk by
 chunk. No auth, no parsing, no logging: what memproxy adds beyond this is its own cost.
 
     python bench/floor_proxy.py --upstream http://127.0.0.1:9000/v1 --port 9001
@@ -59,8 +59,12 @@ def create_app(upstream: str) -> Litestar:
     async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
         return await forward(request, "/responses")
 
+    @post("/v1/messages", status_code=200)
+    async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
+        return await forward(request, "/messages")
+
     # No logging config: Litestar's default would log httpx's line for every request.
-    return Litestar([chat, responses], lifespan=[lifespan], logging_config=None)
+    return Litestar([chat, responses, messages], lifespan=[lifespan], logging_config=None)
 
 
 def main() -> None:

@@ -19,11 +19,13 @@ memproxy opens a conversation and stores the turn and the reply each time, seque
 clients, a request whose message is that of a conversation still waiting for its reply
 continues it (a stored prefix), so concurrent requests share a few conversations.
 
-Two shapes, in the same run (`--shapes chat,responses`, both by default): chat completions
-(`POST /v1/chat/completions`, a `messages` list) and the Responses API (`POST /v1/responses`,
-the same message as an `input` list), which memproxy forwards natively to its `openai`
-upstream; the fake answers both with the same text and, streamed, in as many chunks with the
-same delays. Each scenario is measured in parts, the shapes taking turns part by part (a
+Three shapes, in the same run (`--shapes chat,responses,messages`, all by default): chat
+completions (`POST /v1/chat/completions`, a `messages` list), the Responses API (`POST
+/v1/responses`, the same message as an `input` list), which memproxy forwards natively to its
+`openai` upstream, and Anthropic's Messages API (`POST /v1/messages`, the same message and
+`max_tokens`), which memproxy translates to chat completions for that upstream (direct and the
+floor get the fake's own Messages API); the fake answers all three with the same text and,
+streamed, in as many chunks with the same delays. Each scenario is measured in parts, the shapes taking turns part by part (a
 sequential part is a sixth of `--requests`, a concurrent one a round of segments), so drift
 hits both alike and each proxy's CPU time is counted per shape. `--requests` and
 `--concurrent-requests` are per target and shape. Each shape gets its own table, then a table
@@ -51,7 +53,7 @@ the CPU time each proxy process used over the scenario per request (all its thre
 steadier figure than latency on a shared machine. Compare figures only within one run.
 
     .venv/bin/python bench/overhead.py [--requests 300] [--json figures.json] [--baseline-rev REV]
-        [--shapes chat,responses]
+        [--shapes chat,responses,messages]
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -90,6 +93,7 @@ TARGET_RATIO = 1.25
 API_KEY = "bench-key"
 CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
+MESSAGES_PATH = "/v1/messages"
 # The fake answers "fake reply to: <prompt>" one word per chunk: with the role chunk, the stop
 # chunk and [DONE], this prompt makes a stream of 10 chunks.
 PROMPT = "say hi please now"
@@ -342,7 +346,11 @@ class Shape:
         return f"POST {self.path}"
 
 
-SHAPES = {"chat": Shape("chat", CHAT_PATH), "responses": Shape("responses", RESPONSES_PATH)}
+SHAPES = {
+    "chat": Shape("chat", CHAT_PATH),
+    "responses": Shape("responses", RESPONSES_PATH),
+    "messages": Shape("messages", MESSAGES_PATH),
+}
 
 
 @dataclass
@@ -377,10 +385,13 @@ class Samples:
 
 
 def payload(stream: bool, model: str = "gpt-4o-mini", shape: str = "chat") -> bytes:
-    """The one-message first turn: `messages` of a chat completion, or a Responses `input`."""
+    """The one-message first turn: `messages` of a chat completion or of a Messages request
+    (with its required `max_tokens`), or a Responses `input`."""
     message = {"role": "user", "content": PROMPT}
     body: dict[str, Any] = {"model": model}
     body["input" if shape == "responses" else "messages"] = [message]
+    if shape == "messages":
+        body["max_tokens"] = 100
     if stream:
         body["stream"] = True
     return json.dumps(body).encode()
@@ -392,6 +403,8 @@ BODIES = {
 # A Responses stream must end with its `response.completed` event (a whole response, about 2
 # kB here): the last bytes of a stream are kept to look for it.
 COMPLETED = b"event: response.completed"
+# And a Messages stream with `message_stop`.
+MESSAGE_STOP = b"event: message_stop"
 TAIL_BYTES = 16384
 
 
@@ -414,6 +427,12 @@ def first_content(buffer: bytes, shape: str = "chat") -> tuple[bool, bytes]:
                 if data is not None and json.loads(data).get("delta"):
                     return True, buffer
             continue
+        if shape == "messages":
+            if event.startswith(b"event: content_block_delta\n"):
+                data = sse_data(event)
+                if data is not None and json.loads(data).get("delta", {}).get("text"):
+                    return True, buffer
+            continue
         if not event.startswith(b"data: ") or event == b"data: [DONE]":
             continue
         choices = json.loads(event[6:]).get("choices") or [{}]
@@ -427,6 +446,7 @@ async def measure(lane: Lane, stream: bool) -> Sample:
     stream: ending with `response.completed`)."""
     shape = lane.shape.name
     responses = shape == "responses"
+    ending = {"responses": COMPLETED, "messages": MESSAGE_STOP}.get(shape)
     ttft: float | None = None
     buffer = b""
     tail = b""
@@ -439,15 +459,15 @@ async def measure(lane: Lane, stream: bool) -> Sample:
                     found, buffer = first_content(buffer, shape)
                     if found:
                         ttft = time.perf_counter() - started
-            elif responses:
+            elif ending is not None:
                 tail = (tail + chunk)[-TAIL_BYTES:]
     latency = time.perf_counter() - started
     if response.status_code != 200:
         raise RuntimeError(f"{response.status_code} {buffer[:200]!r}")
     if stream and ttft is None:
         raise RuntimeError("stream ended without a content chunk")
-    if stream and responses and COMPLETED not in buffer + tail:
-        raise RuntimeError(f"stream ended without response.completed: {(buffer + tail)[-200:]!r}")
+    if stream and ending is not None and ending not in buffer + tail:
+        raise RuntimeError(f"stream ended without {ending!r}: {(buffer + tail)[-200:]!r}")
     if not stream and (b'"output_text"' if responses else b'"content"') not in buffer:
         raise RuntimeError(f"reply without content: {buffer[:200]!r}")
     return Sample(latency, ttft)
@@ -517,7 +537,10 @@ async def no_buffering(lane: Lane) -> dict[str, Any]:
     for event in buffer.split(b"\n\n"):
         data = sse_data(event) if b"upstream_end_ns" in event else None
         if data is not None:
-            end_ns = json.loads(data)["upstream_end_ns"]
+            decoded = json.loads(data)
+            # (a stream memproxy translated carries it in the text: TAIL_END in fake_upstream)
+            found = re.search(r"upstream_end_ns=(\d+)", json.dumps(decoded))
+            end_ns = decoded.get("upstream_end_ns") or (int(found[1]) if found else None)
     if first_ns is None or end_ns is None:
         return {"pass": False, "first_chunk_before_end_ms": None, "detail": buffer[:200].decode()}
     lead = (end_ns - first_ns) / 1e6
@@ -969,7 +992,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--shapes",
         type=shape_list,
         default=list(SHAPES),
-        help="wire protocols to measure, comma-separated (default: chat,responses)",
+        help="wire protocols to measure, comma-separated (default: chat,responses,messages)",
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(

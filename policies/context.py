@@ -149,6 +149,7 @@ def assemble(
     recalled: Recalled | None = None,
     placement: str = "before_last_user",
     summary: Recalled | None = None,
+    kept: Sequence[tuple[int, Recalled]] = (),
 ) -> Assembly:
     """Final messages for the upstream. `client_tokens` (the client's prompt tokens) is needed
     only when `budget.context_window` is set; pass None to skip the window check.
@@ -162,7 +163,11 @@ def assemble(
     `summary` (a summary of the stored turns older than the history, sized like `recalled`)
     also takes its share first; it goes in a system message just before the recall section's,
     and when the prompt would not fit the window it goes after the recall section, before any
-    history."""
+    history.
+
+    `kept`: sections earlier turns were shown, each with the index of the client message it
+    goes before again (`context.keep_shown`), counted in the context's tokens (the caller
+    sized `recalled` for what they leave); dropped with the recall section for the window."""
     # History goes after the client's leading system/developer messages, before the rest.
     at = leading_instructions(client)
     answers_tool_call = at < len(client) and client[at].get("role") == "tool"
@@ -176,8 +181,11 @@ def assemble(
     if budget.context_window is not None and client_tokens is not None:
         room = budget.context_window - budget.reserve_tokens - client_tokens - TOKENS_PER_REPLY
         history_tokens = sum(t.tokens for t in turns)
-        if recalled is not None and history_tokens + recall_tokens + summary_tokens > room:
-            recalled, recall_tokens = None, 0
+        kept_tokens = sum(k.tokens for _, k in kept)
+        if (
+            recalled is not None or kept
+        ) and history_tokens + recall_tokens + kept_tokens + summary_tokens > room:
+            recalled, recall_tokens, kept = None, 0, ()
         if summary is not None and history_tokens + summary_tokens > room:
             summary, summary_tokens = None, 0
         keep = 1 if answers_tool_call else 0  # the call a client's tool reply answers stays
@@ -186,7 +194,11 @@ def assemble(
             units = _units(turns)
             dropped += len(units[0])
             turns = [t for unit in units[1:] for t in unit]
-    messages = [*client[:at], *(t.message for t in turns), *client[at:]]
+    rest = list(client[at:])
+    for i, section in sorted(kept, key=lambda k: k[0], reverse=True):
+        if i >= at:  # (before the client message it preceded; the later ones first)
+            rest.insert(i - at, {"role": "system", "content": section.text})
+    messages = [*client[:at], *(t.message for t in turns), *rest]
     sections = [{"role": "system", "content": s.text} for s in (summary, recalled) if s]
     if sections:
         last_user = max(
@@ -197,7 +209,10 @@ def assemble(
     return Assembly(
         messages=messages,
         history_messages=len(turns),
-        context_tokens=sum(t.tokens for t in turns) + recall_tokens + summary_tokens,
+        context_tokens=sum(t.tokens for t in turns)
+        + recall_tokens
+        + summary_tokens
+        + sum(k.tokens for _, k in kept),
         dropped_for_window=dropped,
         recalled=recalled is not None,
         summarized=summary is not None,

@@ -28,6 +28,7 @@ from proxy.pipeline.exchange_batch import DeferredExchanges
 from proxy.pipeline.intent import IntentClassifiers
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay import SpillReplayer
+from proxy.pipeline.shown import ShownContexts
 from proxy.pipeline.turn import HEAVY_TURNS_AT_ONCE
 from proxy.upstream.anthropic import AnthropicUpstream
 from proxy.upstream.base import Upstream
@@ -75,6 +76,8 @@ class AppState:
     # (proxy/pipeline/exchange.py).
     heavy_turns: FairSlots = field(default_factory=lambda: FairSlots(HEAVY_TURNS_AT_ONCE))
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    # What each conversation's turns were shown (`context.keep_shown`).
+    shown: ShownContexts = field(default_factory=ShownContexts)
 
     def upstream_for(self, principal: Principal) -> Upstream:
         return self.upstreams[principal.tenant.upstream]

@@ -238,6 +238,11 @@ class ContextSettings(_Strict):
     max_history_messages: int = Field(20, ge=0)
     min_recent_messages: int = Field(6, ge=0)
     placement: Literal["before_last_user", "after_system"] = "before_last_user"
+    # A stabler prompt prefix for clients that resend their history, for less fresh recall:
+    # what each turn was shown stays where it was on the conversation's later turns, and a
+    # new turn adds only what is not shown yet, at most an eighth of the budget
+    # (proxy/pipeline/shown.py). Off: each turn's context is fresh, before its newest message.
+    keep_shown: bool = False
     # Recall: stored turns of the user's conversations that match this one (full-text search).
     recall: bool = True
     # The share of token_budget recall may take when there is recent history to attach too

@@ -216,8 +216,10 @@ class Artifacts:
         storage_away: bool = False,
         tool_results: bool = True,
         semantic: SemanticQuery | None = None,
+        model_calls: bool = True,
     ) -> Attached:
-        """The artifacts of this turn fitted into `budget` tokens. `store_in`: the conversation
+        """The artifacts of this turn fitted into `budget` tokens. `model_calls`: False for a
+        dry run (count_tokens), fitted by the rule without summaries. `store_in`: the conversation
         (pk) the inline documents are first stored with (mode `full`; they are then read as
         its attachments); `in_prompt_calls`: tool call ids whose results the prompt already
         holds; `conversation_end`: the conversation's next seq (tool results are looked for
@@ -281,10 +283,10 @@ class Artifacts:
         if not artifacts:
             return attached
         relevance = await asyncio.to_thread(relevance_of, artifacts, sources, hits, question)
-        summaries_on = tenant.summaries.mode == "llm"
+        summaries_on = tenant.summaries.mode == "llm" and model_calls
         if footprint(artifacts) <= budget:
             choices = plan_by_rule(artifacts, relevance, budget, summaries=summaries_on)
-        elif settings.planner == "llm":
+        elif settings.planner == "llm" and model_calls:
             planned = await self._plan(tenant_id, tenant, artifacts, question, budget, attached)
             choices = planned or plan_by_rule(artifacts, relevance, budget, summaries=summaries_on)
         else:

@@ -27,6 +27,7 @@ from policies.tokens import count_message, count_messages, upper_bound_tokens
 from proxy.background.embeddings import Vector
 from proxy.pipeline.artifacts import NOTHING_ATTACHED, Attached
 from proxy.pipeline.identify import TurnRequest
+from proxy.pipeline.kept import Kept, kept_for, remember
 from proxy.pipeline.load import Loaded
 from proxy.pipeline.recall import NOTHING, Recall
 from proxy.pipeline.recall_turn import last_user_text, recall_for, semantic_query
@@ -107,11 +108,19 @@ async def assemble_turn(
             messages,
             history,
             replace(budget, token_budget=left - max(0, recall_budget)),
+            count_use=not req.dry_run,
         )
     history = summarized.history
+    kept = kept_for(req, turn) if use_memory else None
+    if kept is not None:
+        recall_budget = kept.budget(recall_budget, ctx.token_budget)
     with trace.timed("recall"):
         recalled = (
-            await recall_for(req, turn, history, recall_budget, question) if use_memory else None
+            await recall_for(
+                req, turn, history, recall_budget, question, shown=kept.turns if kept else ()
+            )
+            if use_memory
+            else None
         )
     found = recalled.found if recalled else NOTHING
     partial = _note_skipped(
@@ -122,8 +131,9 @@ async def assemble_turn(
         recall=bool(recalled and recalled.failed),
     )
     section = _with_attachments(found.section, attached)
+    sections = [(i, Recalled(s.text, s.tokens)) for i, s in kept.sections] if kept else []
     assembly = None
-    if history or section is not None:
+    if history or section is not None or sections:
         client_tokens = None
         if window is not None:
             clients = [*req.turn.prefix, *messages]  # (all the upstream gets of the client's)
@@ -138,8 +148,11 @@ async def assemble_turn(
             recalled=section,
             placement=ctx.placement,
             summary=summarized.section,
+            kept=sections,
         )
     sent = assembly is not None and assembly.recalled  # (not dropped for the window)
+    if kept is not None:
+        _keep_shown(req, kept, assembly, section if sent else None, found)
     if trace.on:
         _trace_window(req, assembly, section is not None, summarized.section is not None)
         trace.assembled(
@@ -153,7 +166,7 @@ async def assemble_turn(
             placement=ctx.placement,
         )
     shown = found if sent else NOTHING
-    if shown.memory_pks and turn is not None:
+    if shown.memory_pks and turn is not None and not req.dry_run:
         _count_memory_use(req, turn, shown.memory_pks)
     record = attached_record(
         req.services.ids, assembly, shown, by_policy, recalled.ms if recalled else None
@@ -171,6 +184,18 @@ async def assemble_turn(
         attachments=attached.count if sent else 0,
         partial=partial,
     )
+
+
+def _keep_shown(
+    req: TurnRequest, kept: Kept, assembly: Assembly | None, section: Recalled | None, found: Recall
+) -> None:
+    """The conversation's sections after this turn: the kept ones the assembly holds (not
+    dropped for the context window) and this turn's own."""
+    messages = assembly.messages if assembly is not None else []
+    held = {m["content"] for m in messages if isinstance(m.get("content"), str)}
+    kept.sections = [(i, s) for i, s in kept.sections if s.text in held]
+    turns = [t.text for e in found.excerpts for t in e.turns]
+    remember(req, kept, section.text if section else None, section.tokens if section else 0, turns)
 
 
 def attached_record(
@@ -284,6 +309,7 @@ async def _attach(
             started_at=req.started_at,
             storage_away=turn is None,
             semantic=semantic,
+            model_calls=not req.dry_run,
         )
     except Exception:  # a bug here must not fail the turn: logged, the request goes on
         log.exception("attachments_error", request_id=req.request_id)

@@ -44,7 +44,7 @@ class TurnIntent:
             self.intent = classify(turn)
         else:  # storage failed: the request's own messages are all there is
             self.intent = intents.keyword(tenant_id, req.turn.messages)
-        if self.intent is not None and intents.uses_llm(tenant_id):
+        if self.intent is not None and intents.uses_llm(tenant_id) and not req.dry_run:
             self.llm = req.services.spawn(intents.llm(tenant_id, history + req.turn.messages))
             if req.principal.tenant.intent.wait_for_llm:
                 # Bounded by the classifier's own timeout; shielded so a client leaving does

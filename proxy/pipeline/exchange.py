@@ -125,7 +125,7 @@ class TurnExchange:
             self.prompt_tokens = await counting if counting else await self._count_prompt()
             bill = self.services.pricer.prompt_side(req.turn.model, self.prompt_tokens)
             watch = StreamWatch(
-                self.wire.stream_reader(),
+                self.wire.stream_reader(self.prompt_tokens),
                 request_id=req.request_id,
                 settle=self._settle_stream,
                 spawn=self.services.spawn,
@@ -167,6 +167,15 @@ class TurnExchange:
         if intent is not None:
             response.headers["x-memory-intent"] = intent.header()
         return response
+
+    async def prompt(self) -> list[dict[str, Any]]:
+        """The messages the upstream would be sent for this turn now, the proxy's context
+        placed among them: the read stages alone, for a request made with `dry_run`
+        (count_tokens), which store, queue and charge nothing."""
+        assert self.req.dry_run
+        await self._remember()
+        assembly = self.assembled.assembly
+        return assembly.messages if assembly is not None else self.req.turn.messages
 
     async def _remember(self) -> None:
         """Store the turn (per the memory mode), classify it and assemble what it gets."""

@@ -97,6 +97,9 @@ class TurnRequest:
     started_at: datetime = field(default_factory=now)
     # What the model saw and why, as the stages record it (the tenant's `trace` level).
     trace: TraceRecorder = field(default_factory=TraceRecorder.off)
+    # Only what would be sent is wanted (count_tokens): the read stages run, nothing is
+    # stored or queued, and no model is called (exchange.TurnExchange.prompt).
+    dry_run: bool = False
 
     @classmethod
     def of(
@@ -105,6 +108,8 @@ class TurnRequest:
         principal: Principal,
         services: AppState,
         turn: NeutralTurn,
+        *,
+        dry_run: bool = False,
     ) -> TurnRequest:
         return cls(
             request,
@@ -115,6 +120,7 @@ class TurnRequest:
             services.upstream_for(principal),
             request_info(request.scope),
             trace=TraceRecorder(principal.tenant.trace),
+            dry_run=dry_run,
         )
 
     @property

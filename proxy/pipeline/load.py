@@ -36,6 +36,8 @@ class Loaded:
 
 async def load(req: TurnRequest, inline: list[Inline]) -> Loaded:
     services, identity = req.services, req.identity
+    if req.dry_run:
+        return await _peek(req, inline)
     refs = [i.attachment_id for i in inline if i.attachment_id is not None]
     if refs:  # an unknown id is a 400 before anything is stored
         try:
@@ -65,6 +67,27 @@ async def load(req: TurnRequest, inline: list[Inline]) -> Loaded:
     except StorageError as exc:
         spilled = await _degrade(req, inline, exc)
         return Loaded(None, inline, spilled=spilled, degraded=True, unstored=not spilled)
+    return Loaded(turn, inline)
+
+
+async def _peek(req: TurnRequest, inline: list[Inline]) -> Loaded:
+    """The turn as `begin()` would find it, stored nowhere; without storage, no memory (and
+    nothing for the spill)."""
+    services, identity = req.services, req.identity
+    try:
+        turn = await services.memory.peek(
+            intent_of=partial(services.intents.keyword, req.tenant_id),
+            tenant_id=req.tenant_id,
+            user_id=identity.user_id,
+            conversation_id=identity.conversation_id,
+            mode=identity.mode,
+            messages=req.turn.messages,
+            model=req.turn.model,
+            upstream=req.upstream.name,
+            context=req.principal.tenant.context,
+        )
+    except StorageError:
+        return Loaded(None, inline, degraded=True)
     return Loaded(turn, inline)
 
 

@@ -27,7 +27,7 @@ from proxy.pipeline.turn import (
     now,
     storage_time_scale,
 )
-from proxy.pipeline.turn_store import begin_in, opening
+from proxy.pipeline.turn_store import begin_in, opening, peek_in
 from storage.database import Database
 from storage.errors import ConflictError, StorageTimeout
 from storage.records import NewExchange
@@ -132,6 +132,42 @@ class ConversationMemory:
             self._store_turn(turn, exchange, conversation_id, messages, context, count, intent_of),
             scale=storage_time_scale(len(messages)),
         )
+
+    async def peek(
+        self,
+        *,
+        tenant_id: str,
+        user_id: str,
+        conversation_id: str | None,
+        mode: Mode,
+        messages: list[dict[str, Any]],
+        model: str,
+        upstream: str,
+        context: ContextSettings,
+        intent_of: IntentOf | None = None,
+    ) -> Turn:
+        """The turn as `begin()` would find it (its conversation, history and keyword intent),
+        read in one read transaction and stored nowhere: for count_tokens. A conversation
+        the request would open is not there yet (`conversation` None)."""
+        turn, exchange = opening(
+            request_id="",
+            tenant_id=tenant_id,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            mode=mode,
+            idempotency_key=None,
+            model=model,
+            upstream=upstream,
+            stream=False,
+            started_at=now(),
+        )
+        if mode == "off":  # (nothing attached: see `begin`)
+            turn.pending = exchange
+            return turn
+        count = await TokenCounter(model).prepare(messages)
+        await self.settle(tenant_id, user_id)  # (the user's last reply may be on its way)
+        work = partial(peek_in, turn, conversation_id, messages, context, count, intent_of)
+        return await self.in_time(self.db.read(work))
 
     async def _store_turn(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -80,12 +81,14 @@ async def recall_for(
     history: list[StoredTurn],
     budget: int,
     question: asyncio.Task[Vector | None] | None,
+    *,
+    shown: Sequence[str] = (),
 ) -> TurnRecall:
     """The user's memories and the stored turns of their conversations that match this one,
     within `budget` tokens, leaving out what the prompt holds (the client's messages,
     `history`). Memories go with every call, a tool loop's too (those relevant to the user's
     turn it answers); stored turns are searched for a user's turn, when `context.recall` is
-    on."""
+    on. `shown`: texts of stored turns the prompt holds in kept sections (left out too)."""
     ctx, messages = req.principal.tenant.context, req.turn.messages
     if turn is None or turn.mode == "off" or budget <= 0:
         return TurnRecall(NOTHING)
@@ -98,7 +101,7 @@ async def recall_for(
     in_prompt = [
         searchable_text(str(m.get("role")), m.get("content")) or ""
         for m in [*messages, *(h.message for h in history)]
-    ]
+    ] + list(shown)
     started = time.perf_counter()
     semantic = await semantic_query(req, question)  # (memories use it without `search` too)
     if semantic is None and question is not None and req.services.vectors is not None:

@@ -90,9 +90,12 @@ async def summarize_history(
     client: Sequence[dict[str, Any]],
     history: list[StoredTurn],
     budget: Budget,
+    *,
+    count_use: bool = True,
 ) -> HistorySummary:
     """The history summary for a request whose attached `history` was chosen from the loaded
-    tail (`turn.history`) within `budget` (the history's share: recall's is off already)."""
+    tail (`turn.history`) within `budget` (the history's share: recall's is off already).
+    `count_use`: a summary used is counted (not for a dry run)."""
     if turn is None or turn.conversation is None or not history:
         return HistorySummary(history)
     loaded = turn.history
@@ -119,7 +122,8 @@ async def summarize_history(
     if fitted.used and found is not None:
         record: dict[str, Any] = {"used": True, "through_seq": through, "tokens": tokens}
         result = HistorySummary(fitted.history, Recalled(text, tokens), record)
-        _count_use(services, turn, found.key)
+        if count_use:
+            _count_use(services, turn, found.key)
     else:
         record = {"used": False, "reason": fitted.reason}
         if through is not None:

@@ -176,6 +176,28 @@ def begin_in(
     Exchanges(conn).start(exchange)
 
 
+def peek_in(
+    turn: Turn,
+    conversation_id: str | None,
+    messages: list[dict[str, Any]],
+    context: ContextSettings,
+    count: TokenCounter,
+    intent_of: IntentOf | None,
+    conn: Connection,
+) -> Turn:
+    """`begin_in`'s reading half (memory.peek): `turn` filled in as a turn in mode `read`
+    would be, nothing written (no conversation opened, no exchange started)."""
+    turn.mode = "read"  # (what `_resolve` writes, mode `read` never does)
+
+    def classify(history: list[dict[str, Any]]) -> Intent | None:
+        turn.intent = intent_of(history + messages) if intent_of is not None else None
+        return turn.intent
+
+    hashes = chain_hashes(messages)
+    _resolve(conn, turn, conversation_id, None, messages, hashes, context, count, classify)
+    return turn
+
+
 def _resolve(
     conn: Connection,
     turn: Turn,
@@ -187,7 +209,7 @@ def _resolve(
     count: TokenCounter,
     classify: Callable[[list[dict[str, Any]]], Intent | None],
     *,
-    forks: bool,
+    forks: bool = True,
 ) -> str | None:
     """Fill `turn` in; return the idempotency key to record on the new exchange. `hashes`:
     the messages' chained hashes; `classify(history)` gives the turn's intent once its

@@ -127,7 +127,10 @@ class WireProtocol(Protocol):
         with what the proxy attached) in place of the client's own."""
         ...
 
-    def stream_reader(self) -> StreamReader: ...
+    def stream_reader(self, prompt_tokens: int | None = None) -> StreamReader:
+        """A reader for the streamed reply; `prompt_tokens`: the proxy's count of the prompt
+        sent (for a protocol whose stream says it before the upstream's usage arrives)."""
+        ...
 
     def keep(
         self, native: dict[str, Any] | None, *, tenant_id: str, user_id: str, request_id: str

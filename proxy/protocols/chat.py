@@ -119,7 +119,7 @@ class ChatCompletions:
     ) -> None:
         return None  # (a chat completion is not kept apart from its messages)
 
-    def stream_reader(self) -> ChatReader:
+    def stream_reader(self, prompt_tokens: int | None = None) -> ChatReader:
         return ChatReader(drop_usage_chunk=self.drop_usage_chunk)
 
     def whole(self, reply: UpstreamReply) -> WholeReply:

@@ -24,10 +24,11 @@ from proxy.core.auth import Principal
 from proxy.core.errors import BadRequest
 from proxy.core.json_responses import json_response
 from proxy.core.requests import check_count, parse_json_object
-from proxy.pipeline.exchange import answer_turn
+from proxy.pipeline.exchange import TurnExchange, answer_turn
+from proxy.pipeline.identify import TurnRequest
 from proxy.protocols.anthropic.adapter import MessagesAPI
 from proxy.protocols.anthropic.errors import ANTHROPIC_ERRORS
-from proxy.protocols.anthropic.request import check_request, parse_messages
+from proxy.protocols.anthropic.request import check_request
 from proxy.protocols.anthropic.to_chat import chat_messages
 from proxy.routes.openai import answer_turn_request, check_model
 from proxy.routes.reference import CHAT_HEADERS, ERRORS, api, json_body
@@ -146,17 +147,22 @@ async def count_tokens(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
-    """Counted with tiktoken as the translation to chat completions would send the request:
-    the system prompt, the messages and the tools' definitions."""
+    """What the request would send now, counted with tiktoken as the translation to chat
+    completions sends it: the system prompt, the proxy's context (history, recall, memories,
+    documents: the turn pipeline's read stages, run without storing anything), the messages
+    and the tools' definitions."""
     body = parse_json_object(await request.body())
     body.setdefault("max_tokens", 1)  # (count_tokens takes none)
     check_request(body)
     check_model(principal, body["model"])
     body.pop("attachments", None)
-    messages = chat_messages(parse_messages(body).messages)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise BadRequest("tools: expected an array.", param="tools")
+    native = services.upstream_for(principal).kind == "anthropic"
+    wire = MessagesAPI(body, native=native, headers=request.headers)
+    turn = TurnRequest.of(request, principal, services, wire.neutral(), dry_run=True)
+    messages = chat_messages(await TurnExchange(turn, wire).prompt())
 
     def count() -> int:
         total = count_messages(messages, body["model"])

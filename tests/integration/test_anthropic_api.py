@@ -173,6 +173,60 @@ async def test_a_tool_use_round_trip_continues_one_conversation(
     assert stored["data"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+async def test_a_failed_tool_result_reaches_the_chat_upstream_as_a_failure(
+    proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
+) -> None:
+    fake, _ = proxy
+    history: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = await client.messages.create(
+        model=MODEL, max_tokens=100, tools=[WEATHER], messages=history, extra_headers=user("al")
+    )
+    call = reply.content[0]
+    assert call.type == "tool_use"
+    failed = {"type": "tool_result", "tool_use_id": call.id, "content": "timeout"}
+    history += [
+        {"role": "assistant", "content": [c.model_dump(exclude_none=True) for c in reply.content]},
+        {"role": "user", "content": [{**failed, "is_error": True}]},
+    ]
+    await client.messages.create(
+        model=MODEL, max_tokens=100, tools=[WEATHER], messages=history, extra_headers=user("al")
+    )
+    tool = fake.chat_requests[-1]["messages"][2]
+    assert tool["role"] == "tool" and tool["tool_call_id"] == call.id
+    assert tool["content"] == "[tool error]\ntimeout"
+
+
+async def test_a_translated_streams_message_start_says_the_input_tokens(
+    proxy: tuple[FakeOpenAI, str],
+) -> None:
+    _, base = proxy
+    body = {
+        "model": MODEL,
+        "max_tokens": 50,
+        "stream": True,
+        "system": "Be brief. " * 20,
+        "messages": [{"role": "user", "content": "count my prompt"}],
+    }
+    async with httpx.AsyncClient(base_url=base) as http:
+        response = await http.post("/v1/messages", json=body, headers={"x-api-key": KEY})
+    data = [json.loads(line[6:]) for line in response.text.splitlines() if line[:6] == "data: "]
+    start = data[0]
+    assert start["type"] == "message_start"
+    input_tokens = start["message"]["usage"]["input_tokens"]
+    assert input_tokens == int(response.headers["x-usage-prompt-tokens"]) > 40
+    async with anthropic.AsyncAnthropic(base_url=base, api_key=KEY, max_retries=0) as sdk:
+        events = await sdk.messages.create(
+            model=MODEL,
+            max_tokens=50,
+            stream=True,
+            system=body["system"],
+            messages=body["messages"],
+        )
+        async for event in events:
+            if event.type == "message_start":
+                assert event.message.usage.input_tokens == input_tokens
+
+
 async def test_a_streamed_tool_call_reaches_the_sdk_whole(
     proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
 ) -> None:
@@ -280,6 +334,50 @@ async def test_count_tokens_counts_what_would_be_sent(
         model=MODEL, messages=messages, system="Be brief.", tools=[WEATHER]
     )
     assert 0 < plain.input_tokens < more.input_tokens
+
+
+async def test_count_tokens_counts_the_proxys_context_and_stores_nothing(
+    proxy: tuple[FakeOpenAI, str], client: anthropic.AsyncAnthropic
+) -> None:
+    fake, base = proxy
+    told: Any = [{"role": "user", "content": "We named the beagle Biscuit."}]
+    reply = await client.messages.create(
+        model=MODEL, max_tokens=100, messages=told, extra_headers=user("alice")
+    )
+    told.append({"role": "assistant", "content": reply.content[0].text})  # type: ignore[union-attr]
+    question: Any = [{"role": "user", "content": "What is my beagle called?"}]
+    asked = len(fake.chat_requests)
+    async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as h:
+
+        async def stored() -> list[Any]:
+            listed = (await h.get("/v1/memory/conversations", params={"user": "alice"})).json()
+            return [
+                (await h.get(f"/v1/memory/conversations/{c['id']}/messages")).json()["data"]
+                for c in listed["data"]
+            ]
+
+        before = await stored()
+        recalled = await client.messages.count_tokens(
+            model=MODEL, messages=question, extra_headers=user("alice")
+        )
+        off = await client.messages.count_tokens(
+            model=MODEL, messages=question, extra_headers={**user("alice"), "X-Memory-Mode": "off"}
+        )
+        # (the stored conversation continued: its history is counted, nothing appended)
+        continued = await client.messages.count_tokens(
+            model=MODEL, messages=[*told, *question], extra_headers=user("alice")
+        )
+        plain = await client.messages.count_tokens(
+            model=MODEL,
+            messages=[*told, *question],
+            extra_headers={**user("alice"), "X-Memory-Mode": "off"},
+        )
+        assert recalled.input_tokens > off.input_tokens + 10
+        assert continued.input_tokens >= plain.input_tokens
+        assert await stored() == before and len(before) == 1
+        exchanges = (await h.get("/v1/memory/usage", params={"group_by": "user"})).json()
+    assert [row["requests"] for row in exchanges["data"]] == [1]
+    assert len(fake.chat_requests) == asked  # (no model was called)
 
 
 async def test_errors_come_in_anthropics_shape(

@@ -13,7 +13,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from proxy.core.config import Config, PriceConfig, UpstreamConfig
+from proxy.core.config import Config, ContextSettings, PriceConfig, UpstreamConfig
 from tests.conftest import KEY, make_config
 from tests.fakes.anthropic_upstream import (
     API_KEY,
@@ -256,3 +256,56 @@ async def test_cache_reads_count_in_the_prompt_at_their_own_price(
     assert headers["x-usage-completion-tokens"] == "20"
     # 10 x 3 + 1000 x 0.3 + 20 x 15 per million tokens
     assert Decimal(headers["x-cost-usd"]) == Decimal("0.00063")
+
+
+async def test_count_tokens_counts_the_context_on_an_anthropic_upstream(
+    fake: tuple[FakeAnthropic, str], client: anthropic.AsyncAnthropic
+) -> None:
+    app, _ = fake
+    told: Any = [{"role": "user", "content": "My locker code is 4711."}]
+    await client.messages.create(model=MODEL, max_tokens=50, messages=told, extra_headers=alice())
+    asked = len(app.requests)
+    question: Any = [{"role": "user", "content": "What is my locker code?"}]
+    recalled = await client.messages.count_tokens(
+        model=MODEL, messages=question, extra_headers=alice()
+    )
+    off = await client.messages.count_tokens(
+        model=MODEL, messages=question, extra_headers=alice(**{"X-Memory-Mode": "off"})
+    )
+    assert recalled.input_tokens > off.input_tokens
+    assert len(app.requests) == asked  # (counted by memproxy: the upstream is not asked)
+
+
+async def test_keep_shown_sends_earlier_context_back_at_the_head_of_its_user_turn(
+    fake: tuple[FakeAnthropic, str], serve_proxy: ServeProxy
+) -> None:
+    app, url = fake
+    upstream = UpstreamConfig(kind="anthropic", base_url=url, api_key=API_KEY)
+    config = make_config(upstream, context=ContextSettings(keep_shown=True))
+    base = serve_proxy(config).removesuffix("/v1")
+    async with anthropic.AsyncAnthropic(base_url=base, api_key=KEY, max_retries=0) as sdk:
+        await sdk.messages.create(
+            model=MODEL,
+            max_tokens=50,
+            messages=[{"role": "user", "content": "My locker code is 4711."}],
+            extra_headers=alice(),
+        )
+        history: Any = [{"role": "user", "content": "What is my locker code?"}]
+        reply = await sdk.messages.create(
+            model=MODEL, max_tokens=50, system="Be brief.", messages=history, extra_headers=alice()
+        )
+        first = app.message_requests[-1]
+        history += [
+            {
+                "role": "assistant",
+                "content": [c.model_dump(exclude_none=True) for c in reply.content],
+            },
+            {"role": "user", "content": "Thanks, and the weather?"},
+        ]
+        await sdk.messages.create(
+            model=MODEL, max_tokens=50, system="Be brief.", messages=history, extra_headers=alice()
+        )
+    second = app.message_requests[-1]
+    assert "4711" in first["messages"][0]["content"][0]["text"]
+    assert second["messages"][0] == first["messages"][0]  # (its context, where it was)
+    assert second["messages"][2]["content"] == "Thanks, and the weather?"  # (nothing new)

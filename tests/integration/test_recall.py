@@ -3,6 +3,7 @@ conversation reaches the model when it is relevant, for that user only, within t
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -262,3 +263,35 @@ async def test_what_recall_adds_is_counted_as_sent_and_never_eats_the_newest_mes
         assert int(raw.headers["x-memory-context-tokens"]) == count_message(
             {"role": "system", "content": section}
         )
+
+
+async def test_keep_shown_keeps_each_turns_context_where_it_was(
+    fake: FakeOpenAI, fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    """`context.keep_shown`: a client resending its history gets the context its earlier turn
+    was shown again, in the same place, so the previous request is a prefix of the next; the
+    new turn's context leaves out what that one shows."""
+    base = start(fake_upstream, serve_proxy, token_budget=2000, keep_shown=True)
+    async with (
+        openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http,
+    ):
+        await seed(http, "alice", "earlier")
+        history: list[Any] = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What did we name the beagle?"},
+        ]
+        reply = await sdk.chat.completions.create(model="gpt-4o", messages=history, user="alice")
+        first = fake.chat_requests[-1]["messages"]
+        assert "Biscuit" in json.dumps(first[1]) and first[1]["role"] == "system"
+        history += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": [{"type": "text", "text": "Where does my sister live?"}]},
+        ]
+        await sdk.chat.completions.create(model="gpt-4o", messages=history, user="alice")
+        second = fake.chat_requests[-1]["messages"]
+    assert second[: len(first)] == first  # (byte for byte: the same JSON values, in order)
+    assert second[-1] == history[-1]
+    # (the earlier conversation's turns are shown already, above: not again)
+    assert sum("Biscuit" in json.dumps(m) for m in second if m["role"] == "system") == 1
+    assert "Lisbon" in json.dumps(first[1])

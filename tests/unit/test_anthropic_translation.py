@@ -19,6 +19,8 @@ from proxy.protocols.anthropic.from_chat import (
 )
 from proxy.protocols.anthropic.request import check_request, parse_messages
 from proxy.protocols.anthropic.to_chat import chat_request
+from proxy.upstream.anthropic_blocks import to_native
+from proxy.upstream.anthropic_chat import DEFAULT_MAX_TOKENS, ChunksFromMessages, messages_request
 from storage.records import KEPT_ITEMS
 
 CACHED = {"type": "ephemeral"}
@@ -390,3 +392,113 @@ def test_a_native_stream_folds_into_the_reply_and_its_usage() -> None:
         "total_tokens": 102,
         "prompt_tokens_details": {"cached_tokens": 90},
     }
+
+
+def test_a_failed_tool_result_is_marked_in_its_tool_message_and_again_natively() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f"}]},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": "boom",
+                        "is_error": True,
+                    },
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "fine"},
+                ],
+            },
+        ],
+    }
+    messages = parse_messages(body).messages
+    assert messages[2] == {"role": "tool", "tool_call_id": "t1", "content": "[tool error]\nboom"}
+    assert messages[3] == {"role": "tool", "tool_call_id": "t2", "content": "fine"}
+    turns = to_native(messages)
+    results = turns[-1]["content"]
+    assert results[0]["is_error"] is True and results[0]["content"] == [
+        {"type": "text", "text": "boom"}
+    ]
+    assert "is_error" not in results[1]
+
+
+def test_a_chat_request_becomes_a_messages_request_with_the_context_in_the_user_turn() -> None:
+    chat = {
+        "model": "claude",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "t1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+                ],
+            },
+            {"role": "system", "content": "CONTEXT"},
+            {"role": "tool", "tool_call_id": "t1", "content": "[tool error]\nboom"},
+            {"role": "user", "content": "And now?"},
+        ],
+        "response_format": {"type": "json_object"},
+        "stream_options": {"include_usage": True},
+        "tool_choice": "none",
+        "tools": [{"type": "function", "function": {"name": "w", "parameters": {}}}],
+    }
+    body = messages_request(chat)
+    assert body["system"] == "Be brief." and body["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert [t["role"] for t in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][2]["content"] == [
+        {
+            "type": "tool_result",
+            "tool_use_id": "t1",
+            "content": [{"type": "text", "text": "boom"}],
+            "is_error": True,
+        },
+        {"type": "text", "text": "CONTEXT"},
+        {"type": "text", "text": "And now?"},
+    ]
+    assert body["tool_choice"] == {"type": "none"}
+    assert body["tools"] == [{"name": "w", "input_schema": {}}]
+    assert "response_format" not in body and "stream_options" not in body
+    # The context right before the only user message stays out of `system`.
+    first = messages_request(
+        {"model": "m", "messages": [chat["messages"][0], chat["messages"][3], chat["messages"][1]]}
+    )
+    assert first["system"] == "Be brief."
+    assert first["messages"][0]["content"][0] == {"type": "text", "text": "CONTEXT"}
+
+
+def test_a_messages_stream_error_becomes_a_chat_error_chunk() -> None:
+    chunks = ChunksFromMessages("m", include_usage=True)
+    start = {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 3}}}
+    assert b'"role":"assistant"' in chunks.feed(json.dumps(start).encode())
+    failed = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    out = chunks.feed(json.dumps(failed).encode())
+    assert json.loads(out[6:])["error"]["message"] == "Overloaded"
+    assert chunks.finish() == b""
+
+
+def test_native_placement_puts_each_kept_section_at_the_head_of_its_user_turn() -> None:
+    from proxy.protocols.anthropic.native import native_body
+
+    body = request(
+        [
+            {"role": "user", "content": "First?"},
+            {"role": "assistant", "content": "One."},
+            {"role": "user", "content": "Second?"},
+        ]
+    )
+    parsed = parse_messages(body)
+    first, answer, second = parsed.messages
+    kept = {"role": "system", "content": "Shown before the first"}
+    new = {"role": "system", "content": "Shown before the second"}
+    sent = native_body(body, parsed, [kept, first, answer, new, second])
+    assert [m["content"] for m in sent["messages"]] == [
+        [{"type": "text", "text": "Shown before the first"}, {"type": "text", "text": "First?"}],
+        "One.",
+        [{"type": "text", "text": "Shown before the second"}, {"type": "text", "text": "Second?"}],
+    ]

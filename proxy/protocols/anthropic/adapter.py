@@ -48,8 +48,8 @@ class TranslatedReader(translated.TranslatedReader):
     end_markers = END_MARKERS
     events: ChatToMessagesStream
 
-    def __init__(self, model: str, message_id: str) -> None:
-        super().__init__(ChatToMessagesStream(model, message_id))
+    def __init__(self, model: str, message_id: str, prompt_tokens: int | None = None) -> None:
+        super().__init__(ChatToMessagesStream(model, message_id, prompt_tokens))
 
     @property
     def native(self) -> None:
@@ -174,10 +174,10 @@ class MessagesAPI:
     ) -> None:
         return None  # (a message is not kept apart from the conversation's messages)
 
-    def stream_reader(self) -> TranslatedReader | NativeReader:
+    def stream_reader(self, prompt_tokens: int | None = None) -> TranslatedReader | NativeReader:
         if self.native:
             return NativeReader()
-        return TranslatedReader(self.body["model"], self.message_id)
+        return TranslatedReader(self.body["model"], self.message_id, prompt_tokens)
 
     def whole(self, reply: UpstreamReply) -> WholeReply:
         if self.native:  # (an error passes on as the API said it)

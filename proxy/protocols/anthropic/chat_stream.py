@@ -1,6 +1,6 @@
 """A Chat Completions stream as an Anthropic Messages event stream, as chunks arrive.
 
-    message_start, ping                                     start(): before anything else
+    message_start (usage: input_tokens), ping               start(): before anything else
     content_block_start (text), content_block_delta
       (text_delta) ...                                      text as it arrives
     content_block_start (tool_use), content_block_delta
@@ -9,6 +9,9 @@
     content_block_stop, message_delta (stop_reason, usage),
       message_stop                                          finish(): after the usage chunk
     error                                                   fail(): the upstream broke
+
+`message_start` carries the prompt's input tokens, as the API's does: the proxy's own count of
+the prompt it sent (the chat upstream reports its usage only at the end, in `message_delta`).
 
 Blocks follow each other as the API sends them: one is stopped before the next starts. A chat
 stream that goes back to an earlier tool call's arguments after starting another (no known
@@ -39,8 +42,9 @@ def encode_event(event: dict[str, Any]) -> bytes:
 class ChatToMessagesStream:
     """Translates chat.completion.chunk payloads (decoded) into Messages events (bytes)."""
 
-    def __init__(self, model: str, message_id: str) -> None:
+    def __init__(self, model: str, message_id: str, prompt_tokens: int | None = None) -> None:
         self.model, self.message_id = model, message_id
+        self.prompt_tokens = prompt_tokens
         self.started = self.finished = False
         self.index = -1  # the open block's index (-1: none open)
         self.open: str | None = None  # "text" or the chat tool call index it streams ("call:N")
@@ -52,7 +56,8 @@ class ChatToMessagesStream:
         if self.started:
             return b""
         self.started = True
-        start = message_object(self.message_id, self.model, [], None, anthropic_usage(None))
+        usage = anthropic_usage({"prompt_tokens": self.prompt_tokens, "completion_tokens": 1})
+        start = message_object(self.message_id, self.model, [], None, usage)
         return encode_event({"type": "message_start", "message": start}) + encode_event(
             {"type": "ping"}
         )

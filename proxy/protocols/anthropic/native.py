@@ -10,7 +10,8 @@ the proxy adds goes around them:
 - the proxy's context (recall, memories, attachments, summaries): one text block at the head
   of the newest user turn, after its `tool_result` blocks, which the API wants first.
   (`placement: after_system` puts it at the head of the first user turn instead: the
-  Messages API has no system role among its messages.)
+  Messages API has no system role among its messages.) With `context.keep_shown`, each
+  section an earlier turn was shown goes back at the head of that turn's user message.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import msgspec
 
 from proxy.protocols.anthropic.from_chat import as_object
 from proxy.protocols.anthropic.request import ParsedMessages, assistant_message
-from storage.records import KEPT_ITEMS
+from proxy.upstream.anthropic_blocks import chat_usage, to_native
 
 
 def native_body(
@@ -33,28 +34,30 @@ def native_body(
     the client's) placed where it leaves the client's prefix as it was."""
     if assembled is parsed.messages:
         return body
-    client = {id(m) for m in parsed.messages}
+    client = {id(m): o for m, o in zip(parsed.messages, parsed.origin, strict=True)}
     history: list[dict[str, Any]] = []
-    context: list[str] = []
+    pending: list[str] = []  # context sections waiting for the client's next user turn
+    placed: dict[int, list[str]] = {}  # the client's user turns (by index): their sections
     before_client = True  # (before the client's first turn, after its system prompt)
-    placed_first = False  # the context came before it (`after_system`)
     for message in assembled:
         if id(message) in client:
             before_client = before_client and message.get("role") == "system"
+            at = client[id(message)]
+            if pending and at is not None and body["messages"][at].get("role") == "user":
+                placed.setdefault(at, []).extend(pending)
+                pending = []
         elif message.get("role") == "system":
-            context.append(_text(message.get("content")))
-            placed_first = placed_first or before_client
+            pending.append(_text(message.get("content")))
         elif before_client:
             history.append(message)
-    messages = [*to_native(history), *body["messages"]]
-    if context:
-        at = (
-            _first_user(messages, len(messages) - len(body["messages"]))
-            if placed_first
-            else (_last_user(messages))
-        )
-        if at is not None:
-            messages[at] = with_context(messages[at], "\n\n".join(context))
+    if pending:  # (none follows: the newest user turn)
+        last = _last_user(body["messages"])
+        if last is not None:
+            placed.setdefault(last, []).extend(pending)
+    native = to_native(history)
+    messages = [*native, *body["messages"]]
+    for at, texts in placed.items():
+        messages[len(native) + at] = with_context(messages[len(native) + at], "\n\n".join(texts))
     return {**body, "messages": messages}
 
 
@@ -70,10 +73,6 @@ def _last_user(messages: list[dict[str, Any]]) -> int | None:
     return next(
         (i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), None
     )
-
-
-def _first_user(messages: list[dict[str, Any]], start: int) -> int | None:
-    return next((i for i in range(start, len(messages)) if messages[i]["role"] == "user"), None)
 
 
 def with_context(message: dict[str, Any], text: str) -> dict[str, Any]:
@@ -92,103 +91,6 @@ def with_context(message: dict[str, Any], text: str) -> dict[str, Any]:
         at += 1
     blocks.insert(at, {"type": "text", "text": text})
     return {**message, "content": blocks}
-
-
-def _parts(content: Any) -> list[dict[str, Any]]:
-    """Neutral content as Messages API blocks."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
-    blocks: list[dict[str, Any]] = []
-    for part in content or []:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            blocks.append({"type": "text", "text": part.get("text", "")})
-        elif kind == "image_url":
-            url = str((part.get("image_url") or {}).get("url", ""))
-            head, _, data = url.partition(";base64,")
-            if url.startswith("data:") and data:
-                source = {"type": "base64", "media_type": head[5:], "data": data}
-            else:
-                source = {"type": "url", "url": url}
-            blocks.append({"type": "image", "source": source})
-        elif kind == "file":
-            data = str((part.get("file") or {}).get("file_data", ""))
-            head, _, encoded = data.partition(";base64,")
-            if encoded:
-                source = {"type": "base64", "media_type": head[5:], "data": encoded}
-                blocks.append({"type": "document", "source": source})
-    return blocks
-
-
-def to_native(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Stored neutral messages as Messages API turns: tool results in a user turn, turns of
-    one role merged, starting with a user turn (the tail of a history may begin mid-way)."""
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            blocks = [*message.get(KEPT_ITEMS, []), *_parts(message.get("content"))]
-            for call in message.get("tool_calls") or []:
-                function = call.get("function") or {}
-                try:
-                    arguments = json.loads(function.get("arguments") or "{}")
-                except ValueError:
-                    arguments = {}
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call.get("id"),
-                        "name": function.get("name"),
-                        "input": arguments if isinstance(arguments, dict) else {},
-                    }
-                )
-            turn_role = "assistant"
-        elif role == "tool":
-            result = _parts(message.get("content"))
-            blocks = [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": message.get("tool_call_id"),
-                    "content": result,
-                }
-            ]
-            turn_role = "user"
-        elif role == "user":
-            blocks = _parts(message.get("content"))
-            turn_role = "user"
-        else:
-            continue
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == turn_role:
-            out[-1]["content"].extend(blocks)
-        elif out or turn_role == "user":
-            out.append({"role": turn_role, "content": blocks})
-    return out
-
-
-def chat_usage(usage: Any) -> dict[str, Any] | None:
-    """Anthropic usage in the Chat Completions shape: the prompt is the whole of it (input,
-    cache writes and cache reads), as the pricer and x-usage-prompt-tokens count it."""
-    if not isinstance(usage, dict):
-        return None
-
-    def count(name: str) -> int:
-        value = usage.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    written, read = count("cache_creation_input_tokens"), count("cache_read_input_tokens")
-    prompt = count("input_tokens") + written + read
-    completion = count("output_tokens")
-    chat: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": read},
-    }
-    if written:
-        chat["cache_creation_input_tokens"] = written
-    return chat
 
 
 def observe_message(body: bytes) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -3,7 +3,9 @@
     system (string, or text blocks)         a `system` message (blocks' texts joined)
     user: text blocks                       a `user` message, content the texts joined
     user: image, document blocks            content parts: `image_url`, `file`, `text`
-    user: tool_result blocks                `tool` messages (tool_call_id), before the rest
+    user: tool_result blocks                `tool` messages (tool_call_id), before the rest;
+                                            `is_error: true` as TOOL_ERROR at the content's
+                                            head, which a chat model reads too
     assistant: text blocks                  an `assistant` message, content the texts joined
     assistant: tool_use blocks              its `tool_calls` (arguments: `input` as JSON)
     assistant: thinking, redacted_thinking, kept whole beside the message (KEPT_ITEMS), never
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.errors import BadRequest
+from proxy.upstream.anthropic_blocks import marked_error
 from storage.records import KEPT_ITEMS
 
 USER_BLOCKS = frozenset({"text", "image", "document", "tool_result", "search_result"})
@@ -186,6 +189,8 @@ def _user(content: Any, where: str, dropped: list[str]) -> list[dict[str, Any]]:
                 raise BadRequest(f"{at}.tool_use_id: Field required", param=f"{at}.tool_use_id")
             result = _user(block.get("content") or "", at, dropped)
             reply = result[0].get("content") if result else ""
+            if block.get("is_error") is True:
+                reply = marked_error(reply)
             out.append({"role": "tool", "tool_call_id": call, "content": reply})
         elif kind not in USER_BLOCKS:
             raise BadRequest(

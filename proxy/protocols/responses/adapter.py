@@ -284,7 +284,7 @@ class ResponsesAPI:
             created_at=datetime.now(UTC),
         )
 
-    def stream_reader(self) -> TranslatedReader | NativeReader:
+    def stream_reader(self, prompt_tokens: int | None = None) -> TranslatedReader | NativeReader:
         if self.translate:
             assert self.response_id is not None
             return TranslatedReader(self.body, self.response_id, self.created_at)
