@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from policies.identity import chain_hashes
 from proxy.pipeline.identify import TurnRequest
-from proxy.pipeline.shown import Shown
+from proxy.pipeline.shown import Key, Shown
 from proxy.pipeline.turn import Turn
 
 # The share of the budget one turn's new section may take while sections are kept.
@@ -20,7 +20,7 @@ class Kept:
     """One request's kept sections: (the index of the client message each goes before, the
     section), and what it needs to remember its own."""
 
-    key: tuple[str, str]
+    key: Key
     hashes: list[str]
     sections: list[tuple[int, Shown]] = field(default_factory=list)
 
@@ -55,7 +55,14 @@ def kept_for(req: TurnRequest, turn: Turn | None) -> Kept | None:
         or messages[-1].get("role") != "user"
     ):
         return None
-    key = (req.tenant_id, turn.conversation.id)
+    conversation = turn.conversation
+    key = (
+        req.tenant_id,
+        turn.user_id,
+        conversation.id,
+        conversation.pk,
+        conversation.created_at.timestamp(),
+    )
     hashes = chain_hashes(messages)
     at = {h: i for i, h in enumerate(hashes)}
     shown = req.services.shown.get(key)

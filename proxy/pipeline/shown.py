@@ -31,20 +31,32 @@ class Shown:
     turns: tuple[str, ...]  # the recalled turns' texts (recall leaves them out afterwards)
 
 
+# (tenant, user, conversation id, its row and when it was made): a conversation deleted and
+# made again under the same id (a client's own ids) is another conversation.
+Key = tuple[str, str, str, int, float]
+
+
 class ShownContexts:
-    """Per (tenant, conversation), the sections its turns were shown, oldest first."""
+    """Per conversation (Key), the sections its turns were shown, oldest first."""
 
     def __init__(self, conversations: int = CONVERSATIONS) -> None:
-        self._kept: OrderedDict[tuple[str, str], list[Shown]] = OrderedDict()
+        self._kept: OrderedDict[Key, list[Shown]] = OrderedDict()
         self._conversations = conversations
 
-    def get(self, key: tuple[str, str]) -> list[Shown]:
+    def forget(self, tenant_id: str, user_id: str) -> int:
+        """Let go of a user's sections (the user is erased); how many conversations'."""
+        gone = [k for k in self._kept if k[0] == tenant_id and k[1] == user_id]
+        for key in gone:
+            del self._kept[key]
+        return len(gone)
+
+    def get(self, key: Key) -> list[Shown]:
         shown = self._kept.get(key, [])
         if shown:
             self._kept.move_to_end(key)
         return shown
 
-    def put(self, key: tuple[str, str], shown: list[Shown]) -> None:
+    def put(self, key: Key, shown: list[Shown]) -> None:
         self._kept[key] = shown
         self._kept.move_to_end(key)
         while len(self._kept) > self._conversations:

@@ -109,6 +109,7 @@ async def delete_user(
     counts["spilled"] = await services.spill.forget(principal.tenant_id, user_id)
     if services.vectors is not None:
         services.vectors.forget(principal.tenant_id, user_id)
+    services.shown.forget(principal.tenant_id, user_id)  # (context.keep_shown's sections)
     return json_response({"object": "memory.user.deleted", "user": user_id, "deleted": counts})
 
 

@@ -295,3 +295,37 @@ async def test_keep_shown_keeps_each_turns_context_where_it_was(
     # (the earlier conversation's turns are shown already, above: not again)
     assert sum("Biscuit" in json.dumps(m) for m in second if m["role"] == "system") == 1
     assert "Lisbon" in json.dumps(first[1])
+
+
+async def test_keep_shown_lets_go_of_an_erased_users_sections(
+    fake: FakeOpenAI, fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    """The sections kept for a conversation go with its user: after an erasure, a client that
+    names the same conversation id (its own) and resends the same history is not shown what
+    the erased user's recall found."""
+    base = start(fake_upstream, serve_proxy, token_budget=2000, keep_shown=True)
+    async with (
+        openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http,
+    ):
+        history: list[Any] = [{"role": "user", "content": "What did we name the beagle?"}]
+
+        async def turn(user: str) -> list[dict[str, Any]]:
+            headers = {"X-Memory-User-Id": user, "X-Memory-Conversation-Id": "chat-1"}
+            await sdk.chat.completions.create(
+                model="gpt-4o", messages=history, extra_headers=headers
+            )
+            sent: list[dict[str, Any]] = fake.chat_requests[-1]["messages"]
+            return sent
+
+        await seed(http, "alice", "earlier")
+        assert "Biscuit" in json.dumps(await turn("alice"))
+        history += [
+            {"role": "assistant", "content": "fake reply"},
+            {"role": "user", "content": "And where does my sister live?"},
+        ]
+        assert (await http.delete("/memory/users/alice")).status_code == 200
+        for user in ("alice", "bob"):  # (the id is free again for either)
+            sent = json.dumps(await turn(user))
+            assert "Biscuit" not in sent and "Lisbon" not in sent, user
+            assert (await http.delete(f"/memory/users/{user}")).status_code == 200
