@@ -15,10 +15,10 @@ from sqlalchemy import Connection
 
 from policies.public_ids import MESSAGE, PublicIds
 from proxy.core.auth import Principal
-from proxy.core.errors import BadRequest, NotFound
+from proxy.core.errors import BadRequest
 from proxy.routes.conversations import conversation_or_404
 from proxy.routes.params import user_param
-from proxy.routes.traces import trace_object
+from proxy.routes.traces import find_message, trace_object
 from proxy.routes.users import find_users
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord, ExchangeRecord, MessageRecord
@@ -255,15 +255,7 @@ async def message_page(
 ) -> Redirect:
     """A stored message (a trace names them by id): its place in its conversation's page."""
     message_id = request.query_params.get("id") or ""
-    pk = services.ids.parse(MESSAGE, message_id)
-    found = None
-    if pk is not None:
-        found = await services.db.read(
-            lambda conn: Conversations(conn).message(principal.tenant_id, pk)
-        )
-    if found is None or not principal.sees(found[2]):
-        raise NotFound(f"No message found with id '{message_id}'.", code="message_not_found")
-    message, conversation_id = found[0], found[1]
+    message, conversation_id = await find_message(services, principal, message_id)
     query = {"id": conversation_id}
     if message.seq > MESSAGES_PAGE:
         query["after"] = str(message.seq - 1)
