@@ -162,6 +162,9 @@ def test_every_page_renders_for_a_signed_in_operator(base: str) -> None:
             assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
             assert page.headers["cache-control"] == "no-store"
         assert client.get("/ui/static/inspector.css").status_code == 200
+        usage = client.get("/ui/usage").text
+        for chart in ("Spend per day", "Tokens per day", "Spend per model", "Tokens per model"):
+            assert f'<svg viewBox="0 0 720 200" role="img" aria-label="{chart}' in usage, chart
         added = form(client, "/ui/memory/new", "/ui/memories?user=bob", user="bob", text="Bikes")
         assert added.status_code == 303
         assert "Bikes" in client.get(added.headers["location"]).text
