@@ -28,6 +28,8 @@ MAX_IDS = 50
 CUT_TEXT_CHARS = 2_000
 CUT_CANDIDATES = 5
 CUT_IDS = 10
+# A degraded part's reason, at most (characters).
+MAX_REASON_CHARS = 300
 
 Trace = dict[str, Any]
 
@@ -40,6 +42,14 @@ def records(level: TraceLevel) -> bool:
 def keeps_text(level: TraceLevel) -> bool:
     """Whether the added context is kept as it was sent (else by reference only)."""
     return level == "full"
+
+
+def reason_text(reason: str) -> str:
+    """A degraded part's reason as a trace keeps it: its first line, at most
+    `MAX_REASON_CHARS`. (A database error's text goes on with the statement and its
+    parameters: what was said, which a `summary` trace never holds.)"""
+    first = reason.split("\n", 1)[0]
+    return first if len(first) <= MAX_REASON_CHARS else first[: MAX_REASON_CHARS - 1] + "…"
 
 
 def listed(items: Sequence[Any], limit: int = MAX_IDS) -> dict[str, Any]:
