@@ -180,7 +180,7 @@ def test_a_request_id_is_sent_as_one_path_segment(
 class _NotMemproxy(http.server.BaseHTTPRequestHandler):
     """Some other web server: an HTML page, 200 or 404, whatever is asked."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = b"<html>\n<body>\n<h1>Welcome</h1>\n</body>\n</html>\n"
         self.send_response(404 if "conversations" in self.path else 200)
         self.send_header("content-type", "text/html")
