@@ -138,6 +138,19 @@ def _essentials(trace: Trace) -> bool:
     return bool(dropped)
 
 
+def _intent_figures(trace: Trace) -> bool:
+    """After the figures, the intent's own detail (an LLM classifier's entities and reasoning
+    are what it answered): its label, confidence and how it was decided stay."""
+    intent = trace.get("intent")
+    if not isinstance(intent, dict):
+        return False
+    kept = {k: v for k, v in intent.items() if k in ("label", "confidence", "method", "decided_by")}
+    if kept == intent:
+        return False
+    trace["intent"] = kept
+    return True
+
+
 # In order: what is cut first when a trace is over its size (the name it is reported by).
 CUTS: tuple[tuple[str, Callable[[Trace], bool]], ...] = (
     ("context.messages.content", _cut_text),
@@ -145,6 +158,7 @@ CUTS: tuple[tuple[str, Callable[[Trace], bool]], ...] = (
     ("recall.candidates", _fewer_candidates),
     ("ids", _fewer_ids),
     ("details", _essentials),
+    ("intent", _intent_figures),
 )
 
 
