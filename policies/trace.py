@@ -28,6 +28,8 @@ MAX_IDS = 50
 CUT_TEXT_CHARS = 2_000
 CUT_CANDIDATES = 5
 CUT_IDS = 10
+# A degraded part's reason, at most (characters).
+MAX_REASON_CHARS = 300
 
 Trace = dict[str, Any]
 
@@ -40,6 +42,14 @@ def records(level: TraceLevel) -> bool:
 def keeps_text(level: TraceLevel) -> bool:
     """Whether the added context is kept as it was sent (else by reference only)."""
     return level == "full"
+
+
+def reason_text(reason: str) -> str:
+    """A degraded part's reason as a trace keeps it: its first line, at most
+    `MAX_REASON_CHARS`. (A database error's text goes on with the statement and its
+    parameters: what was said, which a `summary` trace never holds.)"""
+    first = reason.split("\n", 1)[0]
+    return first if len(first) <= MAX_REASON_CHARS else first[: MAX_REASON_CHARS - 1] + "…"
 
 
 def listed(items: Sequence[Any], limit: int = MAX_IDS) -> dict[str, Any]:
@@ -128,6 +138,19 @@ def _essentials(trace: Trace) -> bool:
     return bool(dropped)
 
 
+def _intent_figures(trace: Trace) -> bool:
+    """After the figures, the intent's own detail (an LLM classifier's entities and reasoning
+    are what it answered): its label, confidence and how it was decided stay."""
+    intent = trace.get("intent")
+    if not isinstance(intent, dict):
+        return False
+    kept = {k: v for k, v in intent.items() if k in ("label", "confidence", "method", "decided_by")}
+    if kept == intent:
+        return False
+    trace["intent"] = kept
+    return True
+
+
 # In order: what is cut first when a trace is over its size (the name it is reported by).
 CUTS: tuple[tuple[str, Callable[[Trace], bool]], ...] = (
     ("context.messages.content", _cut_text),
@@ -135,6 +158,7 @@ CUTS: tuple[tuple[str, Callable[[Trace], bool]], ...] = (
     ("recall.candidates", _fewer_candidates),
     ("ids", _fewer_ids),
     ("details", _essentials),
+    ("intent", _intent_figures),
 )
 
 

@@ -11,6 +11,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from rich.console import Console
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _fetch(http: httpx.Client, args: argparse.Namespace) -> Any:
     if args.command == "trace":
-        return _get(http, f"/exchanges/{args.request_id}/trace")
+        # (one path segment, whatever it holds: `a/../..` names no other endpoint)
+        return _get(http, f"/exchanges/{quote(args.request_id, safe='')}/trace")
     params: dict[str, Any] = {"user": args.user, "limit": args.limit}
     if args.command == "conversations":
         return _get(http, "/conversations", params)
@@ -93,12 +95,19 @@ def _get(http: httpx.Client, path: str, params: dict[str, Any] | None = None) ->
         response = http.get(path, params=params)
     except httpx.TransportError as exc:
         raise ClientError(f"cannot reach the server at {http.base_url.join('/')}: {exc}") from exc
-    if response.status_code < 400:
-        return response.json()
     try:
-        message = response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = response.text[:200] or response.reason_phrase
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code < 400 and body is not None:
+        return body
+    try:
+        message = " ".join(str(body["error"]["message"]).split())
+    except (KeyError, TypeError):
+        raise ClientError(
+            f"{response.url} answered {response.status_code} {response.reason_phrase}, not as "
+            "memproxy's API does: is --url (or MEMPROXY_URL) a memproxy server?"
+        ) from None
     if response.status_code in (401, 403):
         raise ClientError(f"the server refused the key ({response.status_code}): {message}")
     raise ClientError(f"{response.status_code}: {message}")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.context import Assembly, StoredTurn
 from policies.intent import Intent
-from policies.trace import VERSION, TraceLevel, bounded, keeps_text, listed, records
+from policies.trace import VERSION, TraceLevel, bounded, keeps_text, listed, reason_text, records
 
 if TYPE_CHECKING:  # (read from only: the stages that make them fill the recorder)
     from proxy.pipeline.artifacts import Attached
@@ -67,7 +67,7 @@ class TraceRecorder:
     def degrade(self, part: str, reason: str) -> None:
         """A part of memory the turn went without, and why."""
         if self.on:
-            self.degraded.append({"part": part, "reason": reason})
+            self.degraded.append({"part": part, "reason": reason_text(reason)})
 
     def section(self, name: str, **figures: Any) -> None:
         """One section's figures: considered, chosen, left out, tokens, and its own details."""

@@ -120,6 +120,15 @@ async def get_message(
     principal: NamedDependency[Principal],
     services: NamedDependency[AppState],
 ) -> Response[Any]:
+    message, conversation_id = await find_message(services, principal, message_id)
+    return json_response(message_object(services.ids, conversation_id, message))
+
+
+async def find_message(
+    services: AppState, principal: Principal, message_id: str
+) -> tuple[MessageRecord, str]:
+    """The tenant's message `message_id` and its conversation's id, if the caller sees its
+    user; else a 404 (an id that is not one: the same)."""
     pk = services.ids.parse(MESSAGE, message_id)
 
     def work(conn: Connection) -> tuple[MessageRecord, str, str] | None:
@@ -129,8 +138,7 @@ async def get_message(
     found = await services.db.read(work) if pk is not None else None
     if found is None or not principal.sees(found[2]):
         raise NotFound(f"No message found with id '{message_id}'.", code="message_not_found")
-    message, conversation_id, _ = found
-    return json_response(message_object(services.ids, conversation_id, message))
+    return found[0], found[1]
 
 
 ROUTES = [get_trace, get_message]

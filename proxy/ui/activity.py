@@ -121,7 +121,7 @@ async def usage_page(
     calendar = [(start + timedelta(days=i)).date().isoformat() for i in range(days + 1)]
     spend = [(d, _spend(per_day[d]) if d in per_day else 0.0) for d in calendar]
     tokens = [(d, float(_tokens(per_day[d])) if d in per_day else 0.0) for d in calendar]
-    per_model = [(r.key or "(none)", float(_tokens(r))) for r in by["model"]]
+    models = [r.key or "(none)" for r in by["model"]]
     return Template(
         "usage.html",
         context=context(
@@ -134,7 +134,19 @@ async def usage_page(
             total=_totals(by["day"]),
             spend_chart=bar_chart("Spend per day (USD)", spend, unit=" USD", digits=6),
             tokens_chart=bar_chart("Tokens per day", tokens, unit=" tokens"),
-            model_chart=bar_chart("Tokens per model", per_model, unit=" tokens"),
+            model_charts=[
+                bar_chart(
+                    "Spend per model (USD)",
+                    [(m, _spend(r)) for m, r in zip(models, by["model"], strict=True)],
+                    unit=" USD",
+                    digits=6,
+                ),
+                bar_chart(
+                    "Tokens per model",
+                    [(m, float(_tokens(r))) for m, r in zip(models, by["model"], strict=True)],
+                    unit=" tokens",
+                ),
+            ],
             tables=[{"name": g, "rows": by[g]} for g in groups if g != "day"],
         ),
     )

@@ -15,10 +15,11 @@ from sqlalchemy import Connection
 
 from policies.public_ids import MESSAGE, PublicIds
 from proxy.core.auth import Principal
-from proxy.core.errors import BadRequest, NotFound
+from proxy.core.errors import BadRequest
 from proxy.routes.conversations import conversation_or_404
 from proxy.routes.params import user_param
-from proxy.routes.traces import trace_object
+from proxy.routes.traces import find_message, trace_object
+from proxy.routes.usage import exchange_object
 from proxy.routes.users import find_users
 from proxy.state import AppState
 from storage.records import AttachmentRecord, ConversationRecord, ExchangeRecord, MessageRecord
@@ -142,8 +143,9 @@ def message_text(m: MessageRecord) -> str:
 
 
 def exchange_view(ids: PublicIds, x: ExchangeRecord, trace: TraceRecord | None) -> dict[str, Any]:
-    """What the timeline shows of an exchange record, and of its trace (the management API's
-    `trace_object`) when one was recorded."""
+    """What the timeline shows of an exchange: the management API's exchange record
+    (`exchange_object`) and its trace (`trace_object`) when one was recorded, with the
+    intent's detail and what was attached in words."""
     attached = x.attached or {}
     parts = [
         f"{name.replace('_', ' ')}: {value:g}"
@@ -151,21 +153,9 @@ def exchange_view(ids: PublicIds, x: ExchangeRecord, trace: TraceRecord | None) 
         if isinstance(value, int | float) and not isinstance(value, bool)
     ]
     return {
-        "request_id": x.request_id,
-        "status": x.status,
-        "error": x.error,
-        "model": x.model,
-        "upstream": x.upstream,
-        "stream": x.stream,
-        "intent": x.intent,
+        **exchange_object(x),
         "intent_detail": x.intent_detail or {},
-        "prompt_tokens": x.prompt_tokens,
-        "completion_tokens": x.completion_tokens,
-        "cost": None if x.cost_upstream_usd is None else x.cost_upstream_usd + x.cost_memory_usd,
-        "latency_ms": x.latency_ms,
-        "overhead_ms": x.overhead_ms,
         "attached_text": " · ".join(parts) or "nothing",
-        "user": x.user_id,
         "trace": None if trace is None else trace_object(ids, x, trace),
     }
 
@@ -255,15 +245,7 @@ async def message_page(
 ) -> Redirect:
     """A stored message (a trace names them by id): its place in its conversation's page."""
     message_id = request.query_params.get("id") or ""
-    pk = services.ids.parse(MESSAGE, message_id)
-    found = None
-    if pk is not None:
-        found = await services.db.read(
-            lambda conn: Conversations(conn).message(principal.tenant_id, pk)
-        )
-    if found is None or not principal.sees(found[2]):
-        raise NotFound(f"No message found with id '{message_id}'.", code="message_not_found")
-    message, conversation_id = found[0], found[1]
+    message, conversation_id = await find_message(services, principal, message_id)
     query = {"id": conversation_id}
     if message.seq > MESSAGES_PAGE:
         query["after"] = str(message.seq - 1)

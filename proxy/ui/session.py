@@ -109,9 +109,18 @@ def csrf_config(secret: str) -> CSRFConfig:
 
 
 def refuse_other_origins(request: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """A guard: a change whose `Origin` (or, without one, `Referer`) names another site is
-    refused (the CSRF token stops it too; this says why)."""
+    """A guard: a change sent from another site's page is refused (the CSRF token stops it
+    too; this says why). The browser's own `Sec-Fetch-Site` decides when it is sent (every
+    current browser does, and no page can set it): only `same-origin` (or `none`, the user's
+    own navigation) passes. This holds behind a TLS-terminating proxy, where the address
+    memproxy sees (`http://`, often another host name) is not the one the browser used.
+    Without it, the `Origin` (or `Referer`) must name the address memproxy sees."""
     if request.scope.get("method") in SAFE_METHODS:
+        return
+    fetched_from = request.headers.get("sec-fetch-site")
+    if fetched_from is not None:
+        if fetched_from not in ("same-origin", "none"):
+            raise PermissionDeniedException("This form was sent from another site.")
         return
     claimed = request.headers.get("origin") or request.headers.get("referer")
     if claimed is None:

@@ -16,6 +16,7 @@ from storage.repositories.responses import Responses
 from storage.repositories.rows import columns, utc_row
 from storage.repositories.search import MessageSearch
 from storage.repositories.summaries import Summaries
+from storage.repositories.traces import Traces
 from storage.repositories.vectors import MessageVectors
 
 C = CONVERSATIONS
@@ -115,7 +116,7 @@ class ConversationRows:
     def delete(self, tenant_id: str, conversation_id: str) -> bool:
         """Delete a conversation, its messages, attachments, the summaries made of them (its
         history's, its documents' and tool results') and the Responses API responses stored in
-        it; its exchanges keep their figures."""
+        it; its exchanges keep their figures, not their traces (what was said)."""
         # Locked first: a job or turn writing for it finishes before (and is deleted with it)
         # or after (and finds it gone), never in between the statements below.
         found = self.get(tenant_id, conversation_id, for_update=True)
@@ -125,6 +126,7 @@ class ConversationRows:
         Summaries(self.conn).delete_subjects(tenant_id, found.user_id, [conversation_id])
         Attachments(self.conn).delete_conversation(tenant_id, found.pk)  # (theirs too)
         Responses(self.conn).delete_conversation(tenant_id, conversation_id)
+        Traces(self.conn).delete_conversation(tenant_id, found.pk)
         self.conn.execute(
             delete(M).where(M.c.tenant_id == tenant_id, M.c.conversation_pk == found.pk)
         )

@@ -1,7 +1,9 @@
 """Exchange traces (what the model saw and why, per exchange): written with the exchange's
 record, read by the management API. Each row goes with its exchange (the foreign key
 cascades), so erasure and retention need nothing of their own here. Every call takes the
-tenant."""
+tenant. A conversation deleted takes its exchanges' traces (`delete_conversation`): the
+records keep their figures, the traces hold what was said (at `full`, its text as sent).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Insert, bindparam, func, select
+from sqlalchemy import Connection, Insert, bindparam, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import EXCHANGE_TRACES, EXCHANGES
@@ -104,6 +106,16 @@ class Traces:
             query = query.where(T.c.request_id > after.request_id)
         rows = self.conn.execute(query.order_by(T.c.request_id).limit(limit))
         return [_record(row) for row in rows]
+
+    def delete_conversation(self, tenant_id: str, conversation_pk: int) -> int:
+        """Delete the traces of the exchanges stored in conversation `conversation_pk`."""
+        theirs = select(E.c.request_id).where(
+            E.c.tenant_id == tenant_id, E.c.conversation_pk == conversation_pk
+        )
+        done = self.conn.execute(
+            delete(T).where(T.c.tenant_id == tenant_id, T.c.request_id.in_(theirs))
+        )
+        return int(done.rowcount)
 
     def count(self, tenant_id: str, user_id: str | None = None) -> int:
         """How many traces the tenant (or one of its users) has."""

@@ -4,11 +4,13 @@ the key."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 
 import httpx
@@ -159,3 +161,47 @@ def test_the_console_script_runs_against_the_server(server: tuple[str, str]) -> 
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["id"] == request_id
+
+
+def test_a_request_id_is_sent_as_one_path_segment(
+    server: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, _ = server
+    for odd in ("req?user=alice", "req#x"):
+        status, out, err = run(capsys, "trace", odd, "--url", base, "--key", KEY)
+        assert status == 1 and out == ""
+        assert err == f"memproxy: 404: No exchange found with id '{odd}'.\n"
+    # (the server takes an encoded slash for a slash: no trace route, and no other endpoint)
+    status, out, err = run(capsys, "trace", "req/../../conversations", "--url", base, "--key", KEY)
+    assert status == 1 and out == ""
+    assert err.startswith("memproxy: 404: ") and "/exchanges/req/../../conversations/trace" in err
+
+
+class _NotMemproxy(http.server.BaseHTTPRequestHandler):
+    """Some other web server: an HTML page, 200 or 404, whatever is asked."""
+
+    def do_GET(self) -> None:
+        body = b"<html>\n<body>\n<h1>Welcome</h1>\n</body>\n</html>\n"
+        self.send_response(404 if "conversations" in self.path else 200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_is_not_memproxy_is_said_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotMemproxy) as other:
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        try:
+            for argv in (["trace", "req_x"], ["conversations", "--user", "alice"]):
+                status, out, err = run(capsys, *argv, "--url", url, "--key", KEY)
+                assert status == 1 and out == "", argv
+                assert err.startswith("memproxy: ") and err.count("\n") == 1, err
+        finally:
+            other.shutdown()

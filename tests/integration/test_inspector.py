@@ -122,6 +122,33 @@ def test_a_change_without_the_csrf_token_or_from_another_site_is_refused(base: s
             assert rest.get(f"/memory/memories/{memory['id']}").json()["pinned"] is True
 
 
+def test_a_form_from_the_inspectors_own_page_behind_a_tls_proxy_is_taken(base: str) -> None:
+    """Behind a TLS-terminating proxy the browser's origin (https://, the public host name) is
+    not the address memproxy sees; the browser's Sec-Fetch-Site says where the form came
+    from, and another site's is refused whatever its Origin claims."""
+    public = {"origin": "https://inspector.example.com"}
+    with signed_in(base) as client:
+        with api(base) as rest:
+            memory = rest.get("/memory/memories", params={"user": "carol"}).json()["data"][0]
+        fields = {"id": memory["id"], "user": "carol", "pinned": "true"}
+        token = csrf_token(client.get("/ui/users"))
+        for site in ("cross-site", "same-site"):
+            refused = client.post(
+                "/ui/memory/pin",
+                data={**fields, "_csrf_token": token},
+                headers={**public, "sec-fetch-site": site},
+            )
+            assert refused.status_code == 403 and "another site" in refused.text, site
+        taken = client.post(
+            "/ui/memory/pin",
+            data={**fields, "_csrf_token": token},
+            headers={**public, "sec-fetch-site": "same-origin"},
+        )
+        assert taken.status_code == 303, taken.text
+        with api(base) as rest:
+            assert rest.get(f"/memory/memories/{memory['id']}").json()["pinned"] is True
+
+
 def test_a_key_bound_to_a_user_sees_only_that_user(base: str) -> None:
     with signed_in(base, ALICE_KEY) as client:
         users = client.get("/ui/users").text
@@ -162,6 +189,9 @@ def test_every_page_renders_for_a_signed_in_operator(base: str) -> None:
             assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
             assert page.headers["cache-control"] == "no-store"
         assert client.get("/ui/static/inspector.css").status_code == 200
+        usage = client.get("/ui/usage").text
+        for chart in ("Spend per day", "Tokens per day", "Spend per model", "Tokens per model"):
+            assert f'<svg viewBox="0 0 720 200" role="img" aria-label="{chart}' in usage, chart
         added = form(client, "/ui/memory/new", "/ui/memories?user=bob", user="bob", text="Bikes")
         assert added.status_code == 303
         assert "Bikes" in client.get(added.headers["location"]).text

@@ -293,3 +293,26 @@ async def test_a_mode_off_turn_is_traced_with_nothing_added(
     trace = (await trace_of(base, raw.headers["x-request-id"])).json()
     assert trace["mode"] == "off" and trace["context"]["parts"] == []
     assert trace["recall"] is None and trace["intent"]["label"] == "question"
+
+
+async def test_deleting_a_conversation_deletes_the_traces_of_its_exchanges(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: ServeProxy
+) -> None:
+    """Its exchange records keep their figures; their traces (at `full`, its text as sent)
+    go with the conversation."""
+    base = start(fake_upstream, serve_proxy, trace="full")
+    headers = {"authorization": f"Bearer {KEY}", "X-Memory-User-Id": "alice"}
+    headers["X-Memory-Conversation-Id"] = "trip"
+    async with httpx.AsyncClient(base_url=base + "/v1", headers=headers) as chat:
+        for text in ("My passport number is X1234567", "When does my flight leave?"):
+            turn = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+            response = await chat.post("/chat/completions", json=turn)
+            assert response.status_code == 200, response.text
+    request_id = response.headers["x-request-id"]
+    kept = await trace_of(base, request_id)
+    assert kept.status_code == 200 and "X1234567" in kept.text  # (the history, as sent)
+    async with management(base) as api:
+        assert (await api.delete("/conversations/trip")).status_code == 200
+        assert (await api.get(f"/exchanges/{request_id}")).status_code == 200
+    gone = await trace_of(base, request_id)
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "trace_not_found"

@@ -13,13 +13,16 @@ from sqlalchemy import Connection
 from proxy.routes.users import erase_user
 from storage.database import Database
 from storage.records import NewExchange
+from storage.repositories.conversations import Conversations
 from storage.repositories.exchanges import Exchanges
 from storage.repositories.traces import Traces
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
-def exchange(request_id: str, *, tenant: str = "t1", user: str = "alice") -> NewExchange:
+def exchange(
+    request_id: str, *, tenant: str = "t1", user: str = "alice", conversation_pk: int | None = None
+) -> NewExchange:
     return NewExchange(
         request_id=request_id,
         tenant_id=tenant,
@@ -29,6 +32,7 @@ def exchange(request_id: str, *, tenant: str = "t1", user: str = "alice") -> New
         mode="full",
         stream=False,
         started_at=T0,
+        conversation_pk=conversation_pk,
     )
 
 
@@ -131,3 +135,20 @@ async def test_a_users_traces_are_read_in_pages_for_their_export(db: Database) -
     assert [t.request_id for t in first + rest] == ["req_0", "req_1", "req_3"]
     assert rest[-1].trace["recall"] == {"terms": ["req_3"]}
     assert await db.read(lambda conn: Traces(conn).for_user("t2", "alice", limit=9)) == []
+
+
+async def test_deleting_a_conversation_deletes_its_exchanges_traces_only(db: Database) -> None:
+    def work(conn: Connection) -> None:
+        conversations, repo = Conversations(conn), Exchanges(conn)
+        trip = conversations.create("t1", "alice", "trip", now=T0)
+        pets = conversations.create("t1", "alice", "pets", now=T0)
+        for request_id, conversation in (("req_1", trip), ("req_2", trip), ("req_3", pets)):
+            repo.start(exchange(request_id, conversation_pk=conversation.pk))
+            repo.finish("t1", request_id, **finished(request_id, trace=trace(request_id)))
+
+    await db.write(work)
+    assert await db.write(lambda conn: Conversations(conn).delete("t1", "trip"))
+    assert await db.read(lambda conn: Traces(conn).get("t1", "req_1")) is None
+    assert await db.read(lambda conn: Traces(conn).get("t1", "req_3")) is not None
+    kept = await db.read(lambda conn: Exchanges(conn).get("t1", "req_1"))
+    assert kept is not None and kept.status == "complete"  # (the record keeps its figures)

@@ -79,3 +79,26 @@ def test_a_stored_trace_names_message_rows_the_api_shows_as_public_ids() -> None
     assert shown["recall"]["candidates"] == [{"message": "msg_7", "seq": 2, "hit": True}]
     assert shown["recall"]["packed"] == 1  # (a count, not a row)
     assert stored["recall"]["candidates"][0]["message"] == 7  # (the stored one untouched)
+
+
+def test_an_intent_larger_than_the_bound_is_cut_to_its_label_last() -> None:
+    """An LLM classifier's entities and reasoning are what it answered: the last cut keeps the
+    intent's label, confidence and how it was decided, so the bound holds."""
+    trace = big_trace(texts=0)
+    trace["intent"] = {
+        "label": "question",
+        "confidence": 0.8,
+        "method": "llm",
+        "decided_by": "llm (waited for, intent.wait_for_llm)",
+        "entities": {f"e{i}": "x" * 100 for i in range(400)},
+        "reasoning": "y" * 500,
+    }
+    stored = bounded(trace, "summary")
+    kept = json.loads(stored["text"])
+    assert stored["size"] <= 16_000 and stored["truncated"][-1] == "intent"
+    assert kept["intent"] == {
+        "label": "question",
+        "confidence": 0.8,
+        "method": "llm",
+        "decided_by": "llm (waited for, intent.wait_for_llm)",
+    }
