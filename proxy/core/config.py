@@ -62,6 +62,9 @@ class ServerConfig(_Strict):
     # Signs the web inspector's (/ui) session cookies; give every replica the same one. When
     # null, a secret made at start-up: sessions end on restart and do not cross replicas.
     ui_secret: str | None = Field(None, min_length=16)
+    # The inspector's cookies are sent over HTTPS only (`Secure`): set it when /ui is served
+    # through TLS (a proxy in front of memproxy), as it should be beyond localhost.
+    ui_secure_cookies: bool = False
     # The background job queue (memory extraction): how often each replica looks for due jobs
     # (it also looks at once when it queues one), how many it runs at a time, how long a job
     # may run before another replica may take it over, and its retries.

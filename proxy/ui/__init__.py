@@ -65,8 +65,11 @@ def routers(server: ServerConfig) -> list[Router]:
         ],
         dependencies={"principal": Provide(session.provide_ui_principal)},
         middleware=[
-            session.session_middleware(session_secret),
-            DefineMiddleware(CSRFMiddleware, config=session.csrf_config(csrf_secret)),
+            session.session_middleware(session_secret, secure=server.ui_secure_cookies),
+            DefineMiddleware(
+                CSRFMiddleware,
+                config=session.csrf_config(csrf_secret, secure=server.ui_secure_cookies),
+            ),
         ],
         guards=[session.refuse_other_origins],
         response_headers=[ResponseHeader(name=k, value=v) for k, v in session.PAGE_HEADERS.items()],

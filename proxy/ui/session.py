@@ -85,24 +85,26 @@ class SessionCookies(SessionMiddleware[ClientSideSessionBackend]):
         super().__init__(app, ClientSideSessionBackend(config))
 
 
-def session_middleware(secret: bytes) -> DefineMiddleware:
+def session_middleware(secret: bytes, *, secure: bool) -> DefineMiddleware:
     config = CookieBackendConfig(
         secret=secret,
         key=SESSION_COOKIE,
         max_age=SESSION_HOURS * 3600,
         path="/ui",
         httponly=True,
+        secure=secure,
         samesite="strict",
     )
     return DefineMiddleware(SessionCookies, config=config)
 
 
-def csrf_config(secret: str) -> CSRFConfig:
+def csrf_config(secret: str, *, secure: bool) -> CSRFConfig:
     return CSRFConfig(
         secret=secret,
         cookie_name=CSRF_COOKIE,
         cookie_path="/ui",
         cookie_httponly=True,  # (the token travels in each form's hidden field)
+        cookie_secure=secure,
         cookie_samesite="strict",
         header_name="x-csrftoken",
     )

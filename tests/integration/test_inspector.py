@@ -84,6 +84,7 @@ def test_signing_in_takes_a_manage_key_and_sets_a_strict_httponly_cookie(base: s
         assert (done.status_code, done.headers["location"]) == (303, "/ui/users")
         cookie = done.headers["set-cookie"].lower()
         assert "memproxy_ui=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+        assert "secure" not in cookie  # (plain HTTP here: server.ui_secure_cookies is off)
         assert KEY not in done.headers["set-cookie"]  # (the key's digest, encrypted)
         users = client.get("/ui/users")
         assert users.status_code == 200 and "carol" in users.text
@@ -230,6 +231,31 @@ def test_a_session_holds_on_every_replica_that_shares_the_ui_secret(
     for other, status in [(two, 200), (alone, 303)]:
         with httpx.Client(base_url=other, cookies=cookies) as client:
             assert client.get("/ui/users").status_code == status
+
+
+def test_behind_tls_the_inspectors_cookies_are_marked_secure(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Callable[[Config], str]
+) -> None:
+    config = inspector_config(fake_upstream[1])
+    behind_tls = config.model_copy(
+        update={"server": config.server.model_copy(update={"ui_secure_cookies": True})}
+    )
+    base = serve_proxy(behind_tls).removesuffix("/v1")
+    with httpx.Client(base_url=base) as client:
+        page = client.get("/ui/sign-in")
+        csrf = page.headers["set-cookie"].lower()
+        assert "secure" in csrf and "samesite=strict" in csrf
+        # (httpx, like a browser, keeps a Secure cookie off plain HTTP: sent by hand here, as
+        # the browser would over TLS)
+        name, _, value = page.headers["set-cookie"].split(";")[0].partition("=")
+        done = client.post(
+            "/ui/sign-in",
+            data={"_csrf_token": csrf_token(page), "key": KEY},
+            headers={"cookie": f"{name}={value}"},
+        )
+        assert done.status_code == 303, done.text
+        session = [c for c in done.headers.get_list("set-cookie") if "memproxy_ui=" in c]
+        assert session and all("secure" in c.lower() for c in session)
 
 
 def test_a_token_mode_tenant_signs_in_with_its_operator_key_only(
