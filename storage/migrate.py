@@ -51,7 +51,7 @@ UNMODELLED = (
 
 
 def modelled(name: str | None) -> bool:
-    """Whether a table, column or index of this name is described by storage/models.py."""
+    """Whether a table, column or index of this name is described by storage/models/."""
     return not (name or "").startswith(UNMODELLED)
 
 

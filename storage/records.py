@@ -235,7 +235,7 @@ class SummaryRecord:
 
 @dataclass(frozen=True, slots=True)
 class ResponseRecord:
-    """A stored Responses API response (storage/models.py's StoredResponse): what is saved
+    """A stored Responses API response (storage/models/'s StoredResponse): what is saved
     and what is read back."""
 
     tenant_id: str
