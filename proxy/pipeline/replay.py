@@ -206,6 +206,8 @@ class SpillReplayer:
         work = partial(self.writes.apply, request, tenant, count, documents)
         # In the tenant's own lane (storage/fair_slots.py): a tenant's large spill does not
         # hold up the others' live turns.
+        # (A user's catch-up, inside their ordinary turn, waits for the turn itself here: at
+        # most FairSlots' second, once, for a large turn of theirs in the spill.)
         large = len(texts) >= HEAVY_TURN_MESSAGES
         try:
             return await self.db.write(work, tenant=head.tenant_id, large=large)
