@@ -9,8 +9,8 @@ from litestar.di import NamedDependency
 
 from proxy.core.auth import Principal
 from proxy.core.json_responses import json_response
-from proxy.routes.api_types import Limits
 from proxy.routes.reference import api
+from proxy.routes.report_types import Limits
 from proxy.state import AppState
 
 

@@ -13,7 +13,7 @@ from litestar.openapi import ResponseSpec
 
 from proxy.accounting.metrics import CONTENT_TYPE
 from proxy.core.errors import AuthenticationFailed
-from proxy.routes.api_types import Health
+from proxy.routes.report_types import Health
 from proxy.state import AppState
 from storage.errors import StorageError
 

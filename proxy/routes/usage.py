@@ -23,9 +23,9 @@ from proxy.core.errors import BadRequest, NotFound
 from proxy.core.json_responses import json_response
 from proxy.core.requests import parse_timestamp
 from proxy.pipeline.turn import now
-from proxy.routes.api_types import Exchange, UsageReport
 from proxy.routes.params import user_param
 from proxy.routes.reference import api
+from proxy.routes.report_types import Exchange, UsageReport
 from proxy.state import AppState
 from storage.records import ExchangeRecord, UsageTotals
 from storage.repositories.exchanges import Exchanges, GroupBy
