@@ -30,7 +30,7 @@ from proxy.pipeline.identify import TurnRequest
 from proxy.pipeline.load import Loaded, load
 from proxy.pipeline.observe import StreamEnd, StreamWatch, stream_outcome, whole_outcome
 from proxy.pipeline.recall_turn import embed_question
-from proxy.pipeline.turn import HEAVY_TURN_MESSAGES, Outcome
+from proxy.pipeline.turn import Outcome, is_heavy
 from proxy.pipeline.wire import NeutralTurn, WireProtocol
 from proxy.protocols.relay import to_response
 from proxy.state import AppState
@@ -182,7 +182,7 @@ class TurnExchange:
         req, trace = self.req, self.req.trace
         self.ledger.question = embed_question(req)
         with trace.timed("load"):
-            if len(req.turn.messages) >= HEAVY_TURN_MESSAGES:
+            if is_heavy(len(req.turn.messages)):
                 # (waited for outside the storage timeout: a large turn waits its turn, and
                 # is not degraded for it)
                 async with self.services.heavy_turns.slot(req.tenant_id):

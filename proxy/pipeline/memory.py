@@ -17,13 +17,13 @@ from proxy.core.config import ContextSettings
 from proxy.durability.storage_circuit import StorageCircuit, StorageCircuitOpen
 from proxy.pipeline.reply import finish_in
 from proxy.pipeline.turn import (
-    HEAVY_TURN_MESSAGES,
     IntentOf,
     Mode,
     Outcome,
     TokenCounter,
     Turn,
     classify_into,
+    is_heavy,
     now,
     storage_time_scale,
 )
@@ -196,7 +196,7 @@ class ConversationMemory:
                         intent_of,
                     ),
                     tenant=tenant_id,
-                    large=len(messages) >= HEAVY_TURN_MESSAGES,
+                    large=is_heavy(len(messages)),
                 )
                 return turn
             except ConflictError:

@@ -25,7 +25,7 @@ from proxy.pipeline.artifacts import chunked
 from proxy.pipeline.memory import ConversationMemory
 from proxy.pipeline.replay_writes import ReplayWrites, Wanted
 from proxy.pipeline.spill_entries import SpilledRequest, grouped
-from proxy.pipeline.turn import HEAVY_TURN_MESSAGES, HEAVY_TURNS_AT_ONCE, IntentOf, TokenCounter
+from proxy.pipeline.turn import HEAVY_TURNS_AT_ONCE, IntentOf, TokenCounter, is_heavy
 from storage.errors import ConflictError, StorageError, StorageUnavailable
 from storage.fair_slots import FairSlots
 
@@ -181,12 +181,12 @@ class SpillReplayer:
 
     async def _replay(self, request: SpilledRequest) -> str:
         turn = request.turn
-        if turn is not None and len(turn.data.get("messages", ())) >= HEAVY_TURN_MESSAGES:
+        if turn is not None and is_heavy(len(turn.data.get("messages", ()))):
             async with self.heavy.slot(request.first.tenant_id):
-                return await self._replay_one(request)
-        return await self._replay_one(request)
+                return await self._replay_one(request, large=True)
+        return await self._replay_one(request, large=False)
 
-    async def _replay_one(self, request: SpilledRequest) -> str:
+    async def _replay_one(self, request: SpilledRequest, *, large: bool) -> str:
         head = request.first
         tenant = self.config.tenants.get(head.tenant_id)
         if tenant is None:
@@ -205,10 +205,9 @@ class SpillReplayer:
         count = await TokenCounter(model).prepare(texts)
         work = partial(self.writes.apply, request, tenant, count, documents)
         # In the tenant's own lane (storage/fair_slots.py): a tenant's large spill does not
-        # hold up the others' live turns.
-        # (A user's catch-up, inside their ordinary turn, waits for the turn itself here: at
-        # most FairSlots' second, once, for a large turn of theirs in the spill.)
-        large = len(texts) >= HEAVY_TURN_MESSAGES
+        # hold up the others' live turns. (A user's catch-up, inside their ordinary turn,
+        # waits for the turn itself here: at most FairSlots' second, once, for a large turn
+        # of theirs in the spill.)
         try:
             return await self.db.write(work, tenant=head.tenant_id, large=large)
         except ConflictError:  # a live request created the same conversation just now

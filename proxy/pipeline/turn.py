@@ -33,6 +33,11 @@ HEAVY_TURN_MESSAGES = 1000
 HEAVY_TURNS_AT_ONCE = 1
 
 
+def is_heavy(messages: int) -> bool:
+    """Whether a turn of `messages` messages is heavy (see HEAVY_TURN_MESSAGES)."""
+    return messages >= HEAVY_TURN_MESSAGES
+
+
 def storage_time_scale(messages: int) -> float:
     """The storage timeout's multiple for storing a turn of `messages` messages: 1 for an
     ordinary turn, in proportion for a heavy one (10 for 10,000 messages). A large import

@@ -83,11 +83,16 @@ async def _memory(
     return found
 
 
-def _target(form: FormMultiDict, principal: Principal) -> tuple[str, str]:
-    """The memory a form names, and its user (403 for another than a bound key's)."""
+def _form_user(form: FormMultiDict, principal: Principal) -> str:
+    """The user a form names (403 for another than a bound key's)."""
     user = principal.only(user_param(form.get("user")))
     assert user is not None
-    return str(form.get("id") or ""), user
+    return user
+
+
+def _target(form: FormMultiDict, principal: Principal) -> tuple[str, str]:
+    """The memory a form names, and its user."""
+    return str(form.get("id") or ""), _form_user(form, principal)
 
 
 @get("/memory/edit")
@@ -145,8 +150,7 @@ async def add(
     services: NamedDependency[AppState],
 ) -> Redirect:
     form = await request.form()
-    user = principal.only(user_param(form.get("user")))
-    assert user is not None
+    user = _form_user(form, principal)
     body = {"text": form.get("text"), "kind": form.get("kind") or "fact"}
     fields = api.memory_fields({**body, "pinned": "pinned" in form}, creating=True)
     created = await api.create(services, principal.tenant_id, user, fields)
