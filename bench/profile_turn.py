@@ -272,7 +272,7 @@ async def run(args: argparse.Namespace, started: dict[str, Server]) -> None:
         for text in questions[: args.warmup]:
             for name in names:
                 await one(client, started[name], name, text, args.stream)
-        profiler = py_spy(started["memproxy"], args) if args.py_spy else None
+        profiler = py_spy(started[args.py_spy_target], args) if args.py_spy else None
         cpu = {name: cpu_seconds(server.process.pid) for name, server in started.items()}
         latencies: dict[str, list[float]] = {name: [] for name in names}
         for i, text in enumerate(questions[args.warmup :]):
@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-rev", help="also run this revision (memory on)")
     parser.add_argument("--logs", metavar="DIR", help="keep the servers' logs in DIR")
     parser.add_argument("--py-spy", metavar="OUT", help="record memproxy's profile to OUT")
+    parser.add_argument(
+        "--py-spy-target", default="memproxy", help="the target profiled (default memproxy)"
+    )
     parser.add_argument("--py-spy-rate", type=int, default=200)
     parser.add_argument("--py-spy-format", default="speedscope", help="speedscope|flamegraph")
     parser.add_argument(
