@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -49,7 +50,6 @@ from overhead import (  # noqa: E402  (a script beside this one, not a package)
     API_KEY,
     PREVIOUS,
     Server,
-    cpu_seconds,
     export_revision,
     free_port,
     memproxy_command,
@@ -112,6 +112,13 @@ def seed_conversations(stored: int, rng: random.Random) -> list[dict[str, Any]]:
             messages.append({"role": "assistant", "content": "Noted. " + turn_text(rng, topic, i)})
         out.append({"id": f"seed-{c // 20}", "user": USER, "messages": messages})
     return out
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def body(text: str, stream: bool) -> bytes:
@@ -280,7 +287,10 @@ async def run(args: argparse.Namespace, started: dict[str, Server]) -> None:
             for name in order:
                 latencies[name].append(await one(client, started[name], name, text, args.stream))
         used = {
-            name: (cpu_seconds(server.process.pid) or 0.0) - (cpu[name] or 0.0)
+            name: tuple(
+                now - then
+                for now, then in zip(cpu_seconds(server.process.pid), cpu[name], strict=True)
+            )
             for name, server in started.items()
         }
     if profiler is not None:
@@ -290,14 +300,20 @@ async def run(args: argparse.Namespace, started: dict[str, Server]) -> None:
             print(f"py-spy: {err.decode(errors='replace').strip()}", file=sys.stderr)
     direct = percentile(latencies["direct"], 0.5)
     print(f"{args.stored} stored turns, {args.turns} measured turns, stream={args.stream}")
-    print(f"{'target':<16}{'cpu/req ms':>12}{'p50 added ms':>14}{'p90 added ms':>14}")
+    print(
+        f"{'target':<16}{'cpu/req ms':>12}{'(user':>8}{'sys)':>7}"
+        f"{'p50 added ms':>14}{'p90 added ms':>14}"
+    )
     for name in names:
         if name == "direct":
             continue
         p50 = percentile(latencies[name], 0.5) - direct
         p90 = percentile(latencies[name], 0.9) - direct
-        per = used[name] / args.turns * 1000
-        print(f"{name:<16}{per:>12.2f}{p50 * 1000:>14.2f}{p90 * 1000:>14.2f}")
+        user, system = (t / args.turns * 1000 for t in used[name])
+        print(
+            f"{name:<16}{user + system:>12.2f}{user:>8.2f}{system:>7.2f}"
+            f"{p50 * 1000:>14.2f}{p90 * 1000:>14.2f}"
+        )
     if args.py_spy and args.py_spy_top and args.py_spy_format == "speedscope":
         print(top_functions(args.py_spy, args.turns, args.py_spy_top))
 
