@@ -121,6 +121,20 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def thread_seconds(pid: int) -> dict[tuple[str, str], float]:
+    """CPU time (user + system) each thread of a process has used so far, by (id, name)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[tuple[str, str], float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (task / "comm").read_text().strip()
+        except OSError:  # (a thread that ended)
+            continue
+        out[task.name, name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def body(text: str, stream: bool) -> bytes:
     payload: dict[str, Any] = {
         "model": "gpt-4o-mini",
@@ -281,6 +295,7 @@ async def run(args: argparse.Namespace, started: dict[str, Server]) -> None:
                 await one(client, started[name], name, text, args.stream)
         profiler = py_spy(started[args.py_spy_target], args) if args.py_spy else None
         cpu = {name: cpu_seconds(server.process.pid) for name, server in started.items()}
+        threads = thread_seconds(started["memproxy"].process.pid)
         latencies: dict[str, list[float]] = {name: [] for name in names}
         for i, text in enumerate(questions[args.warmup :]):
             order = names[i % len(names) :] + names[: i % len(names)]
@@ -293,6 +308,14 @@ async def run(args: argparse.Namespace, started: dict[str, Server]) -> None:
             )
             for name, server in started.items()
         }
+    by_thread = thread_seconds(started["memproxy"].process.pid)
+    pid = str(started["memproxy"].process.pid)
+    print("memproxy's threads (the event loop's, then the others by id), CPU ms per turn:")
+    for key, seconds in sorted(by_thread.items(), key=lambda kv: (kv[0][0] != pid, int(kv[0][0]))):
+        used_here = (seconds - threads.get(key, 0.0)) / args.turns * 1000
+        if used_here >= 0.05:
+            label = "event loop" if key[0] == pid else f"thread {key[0]}"
+            print(f"  {label:<24}{used_here:8.2f}")
     if profiler is not None:
         profiler.send_signal(2)  # SIGINT: py-spy writes its output and exits
         _, err = profiler.communicate(timeout=60)
