@@ -16,8 +16,7 @@ from storage.repositories.rows import columns, utc, utc_row
 M = MESSAGES
 C = CONVERSATIONS
 _MESSAGE_COLUMNS = columns(M, MessageRecord)
-_MESSAGE_FIELDS = tuple(c.name for c in _MESSAGE_COLUMNS)
-_CREATED_AT = _MESSAGE_FIELDS.index("created_at")
+_CREATED_AT = [c.name for c in _MESSAGE_COLUMNS].index("created_at")
 # A message left off the conversation's chain (a reply another answered first, a branch its
 # client went away from): kept, never attached or searched.
 SUPERSEDED = "superseded"
@@ -52,9 +51,8 @@ _HOLDS_ARTIFACTS = select(
 
 
 def message_record(row: Any) -> MessageRecord:
-    if row._fields != _MESSAGE_FIELDS:
-        return MessageRecord(**utc_row(row))
-    # The columns in the record's order (a turn reads a few dozen: by position is quicker).
+    """The record of a row of `_MESSAGE_COLUMNS` (those alone, in the record's order: built
+    by position, quicker than by name, and a turn reads a few dozen)."""
     values = list(row)
     values[_CREATED_AT] = utc(values[_CREATED_AT])
     return MessageRecord(*values)
