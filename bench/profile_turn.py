@@ -170,7 +170,9 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                 home = workdir / name
                 home.mkdir()
                 config = home / "config.yaml"
-                config.write_text(memproxy_config(fake.url, home, embeddings=args.embeddings))
+                config.write_text(
+                    memproxy_config(fake.url, home, embeddings=args.embeddings, trace=args.trace)
+                )
                 port = free_port()
                 command = (
                     memproxy_command() if name != PREVIOUS else [sys.executable, "-m", "proxy.cli"]
@@ -348,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="turns before measuring")
     parser.add_argument("--stream", action="store_true", help="streamed chat completions")
     parser.add_argument("--embeddings", default="off", help="memory.embeddings (default off)")
+    parser.add_argument("--trace", help="the tenant's trace level (default: the default's)")
     parser.add_argument("--baseline-rev", help="also run this revision (memory on)")
     parser.add_argument("--logs", metavar="DIR", help="keep the servers' logs in DIR")
     parser.add_argument("--py-spy", metavar="OUT", help="record memproxy's profile to OUT")
