@@ -6,10 +6,10 @@ Each section is anchored to the chain hash of the prompt's messages, in the orde
 gets them (NeutralTurn.prompt: the client's, with a Responses chain memproxy sends again in its
 place), up to the user message it went before: a later request whose prompt holds that message
 again gets the section back right before it; one that went another way (an edited or
-regenerated turn) does not. Recall leaves out the
-stored turns the kept sections show, and a new turn adds at most TURN_SHARE of the budget, so
-the sections add up slowly; when the next would not fit what the kept ones leave of the
-budget, they are all let go (the prefix breaks there once) and the turn starts afresh.
+regenerated turn) does not. Recall leaves out the stored turns the kept sections show, and a
+new turn adds at most TURN_SHARE of the budget, so the sections add up slowly; when the next
+would not fit what the kept ones leave of the budget, they are all let go (the prefix breaks
+there once) and the turn starts afresh.
 
 Kept in the process, per conversation, bounded (the least recently used conversations go
 first): after a restart, or on another replica, a conversation starts afresh the same way."""
