@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-class _Strict(BaseModel):  # (as proxy.core.config's)
+class _Strict(BaseModel):  # (one per module of the models: ruff sees pydantic's own base)
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -135,13 +135,13 @@ async def assemble_turn(
     assembly = None
     if history or section is not None or sections:
         client_tokens = None
+        prompt = req.turn.prompt  # (all the upstream gets of the client's, in its order)
         if window is not None:
-            clients = [*req.turn.prefix, *messages]  # (all the upstream gets of the client's)
-            client_tokens = upper_bound_tokens(clients)
+            client_tokens = upper_bound_tokens(prompt)
             if client_tokens + ctx.token_budget + budget.reserve_tokens > window:
-                client_tokens = await asyncio.to_thread(count_messages, clients, req.turn.model)
+                client_tokens = await asyncio.to_thread(count_messages, prompt, req.turn.model)
         assembly = assemble(
-            messages,
+            prompt,
             history,
             budget,
             client_tokens,

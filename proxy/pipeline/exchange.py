@@ -51,7 +51,7 @@ class TurnExchange:
         self.loaded = Loaded(None, self.inline)
         self.assembled = Assembled(None)
         self.attached: dict[str, Any] = {}
-        self.sent: list[dict[str, Any]] = req.turn.messages
+        self.sent: list[dict[str, Any]] = req.turn.prompt
         self.prompt_tokens: int | None = None  # our count of the prompt, when one was needed
         self.overhead_ms: float | None = None
         self.flight: InFlight | None = None
@@ -175,7 +175,7 @@ class TurnExchange:
         assert self.req.dry_run
         await self._remember()
         assembly = self.assembled.assembly
-        return assembly.messages if assembly is not None else self.req.turn.messages
+        return assembly.messages if assembly is not None else self.req.turn.prompt
 
     async def _remember(self) -> None:
         """Store the turn (per the memory mode), classify it and assemble what it gets."""
@@ -256,7 +256,7 @@ class TurnExchange:
         """The prompt's tokens: the client's messages counted now, plus the stored ones the
         proxy attached (counted when they were stored)."""
         turn = self.req.turn
-        client = await count_prompt([*turn.prefix, *turn.messages], turn.model)
+        client = await count_prompt(turn.prompt, turn.model)
         assembly = self.assembled.assembly
         return client + (assembly.context_tokens if assembly else 0)
 

@@ -1,6 +1,8 @@
 """One request's side of `context.keep_shown` (proxy/pipeline/shown.py): the sections its
-conversation's earlier turns were shown that it resends the turns of, recall's budget for its
-own, and the conversation's sections after it."""
+conversation's earlier turns were shown that its prompt holds the turns of (resent by the
+client, or a Responses chain memproxy sends again), recall's budget for its own, and the
+conversation's sections after it. Positions and anchors are in the prompt's order as the
+upstream gets it (NeutralTurn.prompt)."""
 
 from __future__ import annotations
 
@@ -44,13 +46,15 @@ class Kept:
 def kept_for(req: TurnRequest, turn: Turn | None) -> Kept | None:
     """The sections to keep for this request (None: the tenant does not keep them, or there
     is nothing to keep them for)."""
-    ctx, messages = req.principal.tenant.context, req.turn.messages
+    # (the prompt as the upstream gets it: a chain memproxy sends again is in it, in place)
+    ctx, messages = req.principal.tenant.context, req.turn.prompt
     if (
         not ctx.keep_shown
         or ctx.placement != "before_last_user"
         or turn is None
         or turn.conversation is None
-        or not req.turn.attach_history
+        # (history the upstream keeps, a chain or a conversation: no place to keep them in)
+        or not (req.turn.attach_history or req.turn.prefix)
         or not messages
         or messages[-1].get("role") != "user"
     ):

@@ -2,12 +2,14 @@
 that resends its history gets each turn's context section again where it was, byte for byte,
 and the prompt's prefix stays what the provider cached.
 
-Each section is anchored to the chain hash of the client's messages up to the user message it
-went before: a later request that resends that message gets the section back right before
-it; one that went another way (an edited or regenerated turn) does not. Recall leaves out the
-stored turns the kept sections show, and a new turn adds at most TURN_SHARE of the budget, so
-the sections add up slowly; when the next would not fit what the kept ones leave of the
-budget, they are all let go (the prefix breaks there once) and the turn starts afresh.
+Each section is anchored to the chain hash of the prompt's messages, in the order the upstream
+gets them (NeutralTurn.prompt: the client's, with a Responses chain memproxy sends again in its
+place), up to the user message it went before: a later request whose prompt holds that message
+again gets the section back right before it; one that went another way (an edited or
+regenerated turn) does not. Recall leaves out the stored turns the kept sections show, and a
+new turn adds at most TURN_SHARE of the budget, so the sections add up slowly; when the next
+would not fit what the kept ones leave of the budget, they are all let go (the prefix breaks
+there once) and the turn starts afresh.
 
 Kept in the process, per conversation, bounded (the least recently used conversations go
 first): after a restart, or on another replica, a conversation starts afresh the same way."""
@@ -25,7 +27,7 @@ CONVERSATIONS = 10_000
 class Shown:
     """One turn's context section."""
 
-    anchor: str  # chain hash of the client's messages through the user message it preceded
+    anchor: str  # chain hash of the prompt's messages through the user message it preceded
     text: str
     tokens: int
     turns: tuple[str, ...]  # the recalled turns' texts (recall leaves them out afterwards)

@@ -37,10 +37,24 @@ class NeutralTurn:
     # this request and memproxy does not store again (a Responses chain memproxy keeps): counted
     # as the client's own for the context window and the prompt's tokens.
     prefix: list[dict[str, Any]] = field(default_factory=list)
+    # Where the prefix goes: after the first `prefix_at` messages (the request's own
+    # instructions, which the upstream gets first).
+    prefix_at: int = 0
     # False when the prompt holds the conversation's history already (a Responses chain the
     # upstream stores itself, or one memproxy sends again whole): stored history is not
     # attached, and recall leaves the conversation out; memories and documents still go.
     attach_history: bool = True
+
+    @property
+    def prompt(self) -> list[dict[str, Any]]:
+        """The client's side of the prompt as the upstream gets it, in its order: the messages
+        with the prefix in its place (the messages themselves when there is none). The proxy's
+        context is placed among these, so a section sits where it did in an earlier request
+        whether the client resent the turn it preceded or memproxy did."""
+        if not self.prefix:
+            return self.messages
+        at = self.prefix_at
+        return [*self.messages[:at], *self.prefix, *self.messages[at:]]
 
 
 @dataclass(slots=True)
@@ -123,8 +137,8 @@ class WireProtocol(Protocol):
         *,
         sent: Callable[[], None] | None = None,
     ) -> UpstreamReply:
-        """Send the request upstream in the protocol's shape with `messages` (the client's,
-        with what the proxy attached) in place of the client's own."""
+        """Send the request upstream in the protocol's shape with `messages` (the turn's
+        `prompt`, with what the proxy attached) in place of the client's own."""
         ...
 
     def stream_reader(self, prompt_tokens: int | None = None) -> StreamReader:

@@ -10,12 +10,13 @@ from urllib.parse import urlencode
 
 from litestar import Request, get
 from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar.response import Redirect, Template
 from sqlalchemy import Connection
 
 from policies.public_ids import MESSAGE, PublicIds
 from proxy.core.auth import Principal
-from proxy.core.errors import BadRequest
+from proxy.core.errors import BadRequest, NotFound
 from proxy.routes.conversations import conversation_or_404
 from proxy.routes.params import user_param
 from proxy.routes.traces import find_message, trace_object
@@ -252,4 +253,10 @@ async def message_page(
     return Redirect(f"/ui/conversation?{urlencode(query)}#{message_id}", status_code=303)
 
 
-ROUTES = [home, users_page, conversations_page, conversation_page, message_page]
+@get("/{unknown:path}")
+async def unknown_page(unknown: FromPath[str]) -> None:
+    """Any other path under /ui: the inspector's own "Not found" page, not the API's JSON."""
+    raise NotFound(f"There is no page /ui{unknown}.", code="not_found")
+
+
+ROUTES = [home, users_page, conversations_page, conversation_page, message_page, unknown_page]

@@ -446,7 +446,10 @@ async def test_a_slow_database_opens_the_storage_circuit_until_a_trial_finds_it_
         tmp_path,
         storage_timeout_ms=800,
         storage_breaker_threshold=2,
-        storage_breaker_open_seconds=1,
+        # Long enough that the turns meant to meet an open circuit (five requests, one a
+        # stream) are all sent within it on a machine busy with other tests; a shorter one let
+        # one of them become an extra trial in CI.
+        storage_breaker_open_seconds=4,
         spill_replay_seconds=3600,  # no replay rounds: only a turn's catch-up writes the spill
     )
     base = serve_proxy(settings)

@@ -203,6 +203,10 @@ def test_every_page_renders_for_a_signed_in_operator(base: str) -> None:
             client.get("/ui/memory/edit", params={"id": "mem_nope", "user": "carol"}).status_code
             == 404
         )
+        unknown = client.get("/ui/no/such/page")
+        assert unknown.status_code == 404 and "text/html" in unknown.headers["content-type"]
+        assert "<h1>Not found</h1>" in unknown.text and "/ui/no/such/page" in unknown.text
+        assert client.get("/ui/static/inspector.css").status_code == 200
 
 
 def test_a_message_named_by_a_trace_opens_in_its_conversation(base: str) -> None:

@@ -329,3 +329,50 @@ async def test_keep_shown_lets_go_of_an_erased_users_sections(
             sent = json.dumps(await turn(user))
             assert "Biscuit" not in sent and "Lisbon" not in sent, user
             assert (await http.delete(f"/memory/users/{user}")).status_code == 200
+
+
+async def test_keep_shown_keeps_each_turns_context_in_a_translated_responses_chain(
+    fake: FakeOpenAI, fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any
+) -> None:
+    """`context.keep_shown` with a `previous_response_id` chain memproxy sends again itself (a
+    chat-only upstream): each turn's context goes back where it sat, inside the chain, so the
+    upstream's previous prompt (instructions, chain, new input) is a prefix of the next."""
+    upstream = UpstreamConfig(kind="litellm", base_url=fake_upstream[1], api_key="k")
+    context = ContextSettings(token_budget=2000, keep_shown=True)
+    base = serve_proxy(make_config(upstream, context=context))
+    alice = {"X-Memory-User-Id": "alice"}
+    async with (
+        openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {KEY}"}) as http,
+    ):
+        await seed(http, "alice", "earlier")
+        previous: str | None = None
+        prompts: list[list[dict[str, Any]]] = []
+        for question in (
+            "What did we name the beagle?",
+            "Where does my sister live?",
+            "And when did I adopt the puppy?",
+        ):
+            response = await sdk.responses.create(
+                model="gpt-4o",
+                instructions="Be brief.",
+                input=question,
+                extra_headers=alice,
+                **({"previous_response_id": previous} if previous else {}),
+            )
+            previous = response.id
+            prompts.append(fake.chat_requests[-1]["messages"])
+    first, second, third = prompts
+    assert first[0] == {"role": "system", "content": "Be brief."}
+    assert first[1]["role"] == "system" and "Biscuit" in json.dumps(first[1])
+    for earlier, later in ((first, second), (second, third)):
+        # (byte for byte: the same JSON, keys in the same order, the kept section in place)
+        assert json.dumps(later[: len(earlier)]) == json.dumps(earlier)
+        assert later[len(earlier)]["role"] == "assistant"  # (the chain's reply, then the next)
+    assert text_of(third[-1]["content"]) == "And when did I adopt the puppy?"
+    # (what the first turn's section shows is not shown again)
+    assert sum("Biscuit" in json.dumps(m) for m in third if m["role"] == "system") == 1
+
+
+def text_of(content: Any) -> str:
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)

@@ -27,6 +27,17 @@ def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
     assert parsed.origin == [None, 0]
 
 
+def test_a_string_and_one_text_part_are_the_same_message() -> None:
+    """As the API lists a string's content (one `input_text` part): one form, so that a chain
+    memproxy sends again holds each message as the client sent it, with its chain hash."""
+    typed = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+    assert parse_input({"input": typed}).messages == parse_input({"input": "hi"}).messages
+    two = [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]
+    assert parse_input({"input": [{"role": "user", "content": two}]}).messages == [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    ]
+
+
 def test_message_items_typed_and_easy_with_every_role_and_part() -> None:
     parsed = parse_input(
         {
@@ -58,7 +69,7 @@ def test_message_items_typed_and_easy_with_every_role_and_part() -> None:
                 {"type": "input_image", "file_id": "file-2", "detail": "auto"},
             ],
         },
-        {"role": "system", "content": [{"type": "text", "text": "sys"}]},
+        {"role": "system", "content": "sys"},  # (one text part: the message its text is)
     ]
     assert parsed.origin == [0, 1, 2]
 
@@ -183,7 +194,13 @@ STORED: list[dict[str, Any]] = [
 def test_stored_messages_go_back_as_items_that_parse_to_the_same_messages() -> None:
     items = messages_to_items(STORED)
     assert_openai_shape("CreateResponse", {"model": "gpt-4o", "input": items})
-    expected = [*STORED[:-1], {"role": "assistant", "content": "I cannot."}]
+    # (a message of one text part comes back as its text: the same message to the API)
+    expected = [
+        STORED[0],
+        {"role": "developer", "content": "dev"},
+        *STORED[2:-1],
+        {"role": "assistant", "content": "I cannot."},
+    ]
     assert parse_input({"input": items}).messages == expected
     assert items[3] == REASONING
     assert [i["type"] for i in items[4:6]] == ["message", "function_call"]

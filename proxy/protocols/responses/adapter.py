@@ -169,9 +169,10 @@ class ResponsesAPI:
         held_upstream: bool = False,
     ) -> None:
         """`history`: the messages of a `previous_response_id` chain memproxy keeps itself
-        (translate), sent before the request's own as the upstream would have kept them;
-        `held_upstream`: the upstream keeps that chain (native). Either way the pipeline sees
-        the request's own messages in a known conversation, and attaches no stored history."""
+        (translate), the prompt's prefix: sent after the request's `instructions` and before
+        its input, as the upstream would have kept them; `held_upstream`: the upstream keeps
+        that chain (native). Either way the pipeline stores the request's own messages in a
+        known conversation, and attaches no stored history."""
         self.body, self.translate = body, translate
         self.history = history or []
         self.conversation_id, self.held_upstream = conversation_id, held_upstream
@@ -190,19 +191,7 @@ class ResponsesAPI:
         self.messages = [m for m, _ in kept]
         self.origin = [o for _, o in kept]
         if translate:  # (what translation cannot serve: 400 before anything is stored)
-            chat_request(body, self.with_history(self.messages))
-
-    def with_history(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`messages` (the assembled turn) after the chain memproxy keeps, if any; the
-        request's `instructions` stay first."""
-        if not self.history:
-            return messages
-        head = (
-            1
-            if messages[:1] and messages[0] is self.messages[0] and self.origin[:1] == [None]
-            else 0
-        )
-        return [*messages[:head], *self.history, *messages[head:]]
+            chat_request(body, self.neutral().prompt)
 
     def neutral(self) -> NeutralTurn:
         body = self.body
@@ -216,6 +205,8 @@ class ResponsesAPI:
             attachments=self.attachments,
             conversation_id=self.conversation_id,
             prefix=self.history,
+            # (the request's `instructions` stay first: the upstream gets them before a chain)
+            prefix_at=1 if self.origin[:1] == [None] else 0,
             attach_history=not (self.held_upstream or self.history),
         )
 
@@ -228,7 +219,7 @@ class ResponsesAPI:
     ) -> UpstreamReply:
         stream = self.body.get("stream") is True
         if self.translate:
-            chat = chat_request(self.body, self.with_history(messages)).body
+            chat = chat_request(self.body, messages).body  # (the chain in it: the prompt)
             if not upstream.stream_usage:  # (a server that refuses the option: counted instead)
                 chat.pop("stream_options", None)
             return await upstream.chat_completions(chat, stream=stream, sent=sent)

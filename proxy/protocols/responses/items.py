@@ -244,6 +244,11 @@ def _message(raw: dict[str, Any], where: str) -> dict[str, Any]:
         )
     parts = chat_parts(content, f"{where}.content")
     if role != "assistant":
+        if len(parts) == 1 and parts[0].get("type") == "text":
+            # One text part is the message its text is (as the API lists a string's content):
+            # one form, so that a message memproxy sends again in a chain (listed so) is the
+            # message the client sent, byte for byte, and keeps its chain hash.
+            return {"role": role, "content": parts[0]["text"]}
         return {"role": role, "content": parts}
     # An assistant's text parts join into one string (as a chat reply stores it); a refusal
     # goes beside it; parts of other kinds keep the list.
