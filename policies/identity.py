@@ -179,12 +179,19 @@ def resent_run(turn: Sequence[Message], tail: Sequence[Message]) -> tuple[int, i
     if not turn or not tail:
         return 0, 0
     sent = [canonical(m) for m in turn]
-    held = [canonical(m) for m in tail]
+    held: list[bytes] = []  # the tail's newest first, as far as compared (often one message)
+
+    def stored(back: int) -> bytes:
+        """The canonical form of `tail[-1 - back]`."""
+        while len(held) <= back:
+            held.append(canonical(tail[-1 - len(held)]))
+        return held[back]
+
     for end in range(len(sent), 0, -1):
-        if sent[end - 1] != held[-1]:
+        if sent[end - 1] != stored(0):
             continue
         length = 1
-        while length < min(end, len(held)) and sent[end - 1 - length] == held[-1 - length]:
+        while length < min(end, len(tail)) and sent[end - 1 - length] == stored(length):
             length += 1
         if length == end or length >= 2:
             return end, length

@@ -23,6 +23,9 @@ _HALF = 0xFFFFFFFF
 _OLD = re.compile(r"[0-9]{1,18}")  # the decimal ids given before
 _NEW = re.compile(f"[{ALPHABET}]{{{WIDTH}}}")
 MAX_KEY = 2**63 - 1  # a primary key (a signed 64-bit integer)
+# Ids formatted lately, kept: a conversation's recalled turns come back turn after turn, and
+# each id is eight keyed hashes. Dropped whole when full (a bound, not an eviction policy).
+KEPT_IDS = 65536
 
 
 class PublicIds:
@@ -33,9 +36,16 @@ class PublicIds:
         if not 16 <= len(key) <= 64:
             raise ValueError("the key must be 16-64 bytes")
         self._key = key
+        # The round function's hash with its key taken in, copied for each round (taking
+        # the key in is most of a short hash's cost).
+        self._keyed = hashlib.blake2b(key=key, digest_size=4)
+        self._formatted: dict[tuple[str, int], str] = {}
 
     def format(self, prefix: str, pk: int) -> str:
         """The public id of row `pk` of the kind `prefix` names (`msg`, `job`)."""
+        found = self._formatted.get((prefix, pk))
+        if found is not None:
+            return found
         if not 0 <= pk <= MAX_KEY:
             raise ValueError(f"not a row key: {pk}")
         n = self._permute(prefix, pk)
@@ -43,7 +53,11 @@ class PublicIds:
         for _ in range(WIDTH):
             n, digit = divmod(n, len(ALPHABET))
             letters.append(ALPHABET[digit])
-        return f"{prefix}_{''.join(reversed(letters))}"
+        formatted = f"{prefix}_{''.join(reversed(letters))}"
+        if len(self._formatted) >= KEPT_IDS:
+            self._formatted.clear()
+        self._formatted[prefix, pk] = formatted
+        return formatted
 
     def parse(self, prefix: str, value: str) -> int | None:
         """The row a public id of the kind `prefix` names (this form or the decimal one given
@@ -65,7 +79,9 @@ class PublicIds:
 
     def _round(self, prefix: str, number: int, half: int) -> int:
         data = prefix.encode() + bytes([number]) + half.to_bytes(4, "big")
-        return int.from_bytes(hashlib.blake2b(data, key=self._key, digest_size=4).digest(), "big")
+        keyed = self._keyed.copy()
+        keyed.update(data)
+        return int.from_bytes(keyed.digest(), "big")
 
     def _permute(self, prefix: str, value: int, *, inverse: bool = False) -> int:
         left, right = value >> 32, value & _HALF

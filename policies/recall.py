@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from policies.fence import MARK, fence
-from policies.memories import stem
+from policies.query_words import READ_CHARS, held, words_pattern
 from policies.tokens import count_message
 
 # Words that say nothing about what to look for.
@@ -45,8 +45,6 @@ _STOPWORDS = """a about above after again against all also am an and any are are
     things"""
 STOPWORDS = frozenset(_STOPWORDS.split())
 _WORD = re.compile(r"[^\W_]+")
-# How much of a text recall reads to search for it, or to recognise it as already present.
-READ_CHARS = 4_000
 # Rendering costs beyond the messages' own tokens (counted with their chat framing): the
 # header, a dated heading per conversation, a separator between excerpts of one conversation.
 HEADER_TOKENS = 70  # with the footer
@@ -134,22 +132,6 @@ class Excerpt:
 def normalised(text: str) -> str:
     """A text as compared with what the prompt holds (its beginning, spaces collapsed)."""
     return " ".join(text[:READ_CHARS].lower().split())
-
-
-def words_pattern(terms: Iterable[str]) -> re.Pattern[str] | None:
-    """What finds the query's words in a text (`held`): each one's stem at the start of a word,
-    with up to four more letters after it ("hiking" for "hikes")."""
-    found = sorted({stem(t) for t in terms}, key=len, reverse=True)
-    if not found:
-        return None
-    return re.compile(r"\b(" + "|".join(map(re.escape, found)) + r")\w{0,4}\b")
-
-
-def held(pattern: re.Pattern[str] | None, text: str) -> set[str]:
-    """The stems of the query's words that `text` holds (`pattern` from `words_pattern`)."""
-    if pattern is None:
-        return set()
-    return {m.group(1) for m in pattern.finditer(text[:READ_CHARS].lower())}
 
 
 def common_terms(matched: Sequence[set[str]]) -> set[str]:

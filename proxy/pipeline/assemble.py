@@ -273,8 +273,11 @@ async def _attach(
     if turn is not None and not req.identity.shared_conversation:
         keep = turn.conversation if turn.mode == "full" and inline else None
         conversation = turn.conversation if turn.mode != "off" and use_memory else None
-    if (conversation is None or (turn is not None and turn.opened)) and not inline:
-        return NOTHING_ATTACHED  # (a conversation this turn opened holds none yet)
+    if not inline and (
+        turn is None or conversation is None or turn.opened or turn.holds_artifacts is False
+    ):
+        # (a conversation this turn opened holds none yet; nor one `begin()` found without)
+        return NOTHING_ATTACHED
     ctx = tenant.context
     room = int(ctx.token_budget * tenant.attachments.share)
     if history:

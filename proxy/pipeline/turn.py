@@ -88,6 +88,9 @@ class Turn:
     # the turn's last message; a retry's, its original's. Unset (an exchange recorded before
     # it was kept), the last one stored when the turn began.
     reply_to: int | None = None
+    # Whether the conversation has attachments or recent tool results, as `begin()` found it
+    # (None: not looked at). Without either, the turn reads none (one storage round trip).
+    holds_artifacts: bool | None = None
 
     @property
     def conversation_id(self) -> str | None:

@@ -25,6 +25,7 @@ from policies.summaries import KIND as HISTORY_SUMMARY
 from proxy.core.config import ContextSettings
 from proxy.core.errors import Conflict, NotFound, Unprocessable
 from proxy.core.requests import parse_timestamp
+from proxy.pipeline.artifact_sources import TOOL_WINDOW
 from proxy.pipeline.turn import (
     IntentOf,
     Mode,
@@ -174,6 +175,12 @@ def begin_in(
     exchange.conversation_pk = turn.conversation.pk if turn.conversation else None
     exchange.conversation_id = turn.conversation_id or conversation_id
     Exchanges(conn).start(exchange)
+    conv = turn.conversation
+    if conv is not None and not turn.opened and turn.mode != "off":
+        # (in this transaction: the turn's own tool results, just stored, count)
+        turn.holds_artifacts = Conversations(conn).holds_artifacts(
+            turn.tenant_id, conv.pk, tools_after=conv.next_seq - TOOL_WINDOW
+        )
 
 
 def peek_in(

@@ -294,3 +294,32 @@ async def test_a_conversation_named_like_another_users_attachment_keeps_apart_fr
     assert await db.write(lambda c: Conversations(c).delete("t1", doc.id))
     assert await db.read(lambda c: Summaries(c).get("t1", "bob's")) is None
     assert await db.read(lambda c: Summaries(c).get("t1", "alice's")) is not None
+
+
+async def test_a_conversation_holds_artifacts_with_an_attachment_or_a_recent_tool_result(
+    db: Database,
+) -> None:
+    plain = await new_conversation(db, "plain", [{"role": "user", "content": "hi"}])
+    documented = await new_conversation(db, "documented")
+    await attach(db, "documented", RECIPES)
+    tooled = await new_conversation(
+        db,
+        "tooled",
+        [{"role": "user", "content": "weather?"}, {"role": "tool", "content": "sunny"}],
+    )
+    elsewhere = await new_conversation(db, "elsewhere", tenant="t2")
+    await attach(db, "elsewhere", RECIPES, tenant="t2")
+
+    async def read(conversation_pk: int, tools_after: int = -1, tenant: str = "t1") -> bool:
+        return await db.read(
+            lambda c: Conversations(c).holds_artifacts(
+                tenant, conversation_pk, tools_after=tools_after
+            )
+        )
+
+    assert not await read(plain.pk)
+    assert await read(documented.pk)
+    assert await read(tooled.pk)
+    assert not await read(tooled.pk, tooled.next_seq - 1)  # (the tool result is older)
+    assert not await read(elsewhere.pk)  # another tenant's conversation: nothing of it
+    assert await read(elsewhere.pk, -1, "t2")

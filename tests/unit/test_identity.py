@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from policies.identity import (
     EMPTY_CHAIN,
     UNKNOWN_CHAIN,
     Split,
+    canonical,
     chain_hashes,
     continues,
+    resent_run,
     rewind,
     split_request,
 )
@@ -150,3 +155,37 @@ def test_a_client_that_keeps_the_first_exchange_and_the_latest_is_no_fork() -> N
         stored += [u(f"q{i}"), a(f"a{i}")]
     request = [sys(), *stored[1:3], *stored[-4:], u("q6")]
     assert split(stored, request) == Split(new=[u("q6")], attach_history=False, overlap=4)
+
+
+def _every_run(turn: list[dict[str, Any]], tail: list[dict[str, Any]]) -> tuple[int, int]:
+    """`resent_run` as first written: the whole tail in canonical form up front."""
+    if not turn or not tail:
+        return 0, 0
+    sent = [canonical(m) for m in turn]
+    held = [canonical(m) for m in tail]
+    for end in range(len(sent), 0, -1):
+        if sent[end - 1] != held[-1]:
+            continue
+        length = 1
+        while length < min(end, len(held)) and sent[end - 1 - length] == held[-1 - length]:
+            length += 1
+        if length == end or length >= 2:
+            return end, length
+    return 0, 0
+
+
+_MESSAGES = st.lists(
+    st.builds(
+        lambda role, text: {"role": role, "content": text},
+        st.sampled_from(["user", "assistant"]),
+        st.sampled_from(["a", "b", "c"]),
+    ),
+    max_size=8,
+)
+
+
+@given(turn=_MESSAGES, tail=_MESSAGES)
+def test_the_resent_run_is_found_reading_only_the_tail_it_needs(
+    turn: list[dict[str, Any]], tail: list[dict[str, Any]]
+) -> None:
+    assert resent_run(turn, tail) == _every_run(turn, tail)

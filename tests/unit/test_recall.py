@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.context import Budget, Recalled, assemble
+from policies.memories import stem
+from policies.query_words import READ_CHARS, held, words_pattern
 from policies.recall import (
     COMMON_ONLY,
     MEANING,
@@ -248,3 +253,40 @@ def test_the_window_drops_the_recall_section_before_the_clients_messages() -> No
     budget = Budget(token_budget=1000, context_window=60)
     squeezed = assemble(client, [], budget, client_tokens=20, recalled=Recalled("x", 50))
     assert squeezed.messages == client and not squeezed.recalled
+
+
+def _pattern_held(terms: list[str], text: str) -> set[str]:
+    """What `held` found before it looked words up: the compiled pattern."""
+    found = sorted({stem(t) for t in terms}, key=len, reverse=True)
+    if not found:
+        return set()
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, found)) + r")\w{0,4}\b")
+    return {m.group(1) for m in pattern.finditer(text[:READ_CHARS].lower())}
+
+
+_LETTERS = st.text(alphabet="abcdehiklnorstuwxyzé_0123456789", min_size=1, max_size=12)
+
+
+@given(
+    terms=st.lists(_LETTERS, max_size=6),
+    words=st.lists(
+        st.one_of(_LETTERS, st.sampled_from(["Hiking", "hikes", "HIKED", "x"])), max_size=30
+    ),
+    gaps=st.lists(
+        st.sampled_from([" ", ", ", "'", "-", ".\n", "!?", "  "]), min_size=30, max_size=30
+    ),
+)
+def test_a_text_holds_the_query_words_the_pattern_would_find(
+    terms: list[str], words: list[str], gaps: list[str]
+) -> None:
+    text = "".join(w + g for w, g in zip(words, gaps, strict=False))
+    terms = [*terms, "hikes"]
+    assert held(words_pattern(terms), text) == _pattern_held(terms, text)
+    pattern = words_pattern(terms)
+    assert held(pattern, text) == held(pattern, text)  # (the second time from what it kept)
+
+
+def test_a_stem_that_is_not_all_word_characters_is_still_found() -> None:
+    assert held(words_pattern(["c++"]), "I write c++ daily") == _pattern_held(
+        ["c++"], "I write c++ daily"
+    )
