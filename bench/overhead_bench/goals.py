@@ -133,10 +133,11 @@ def goals(
 def comparisons(head: dict[str, dict[str, Any]]) -> list[str]:
     """Lines with no target: memproxy against its previous revision and LiteLLM's proxy."""
     lines = []
-    for other in (PREVIOUS, LITELLM):
+    # memproxy-prev runs its revision's default config: it compares with memproxy's.
+    for other, names in ((PREVIOUS, (ON,)), (LITELLM, (OFF, KEYWORDS, ON))):
         if other not in head:
             continue
-        for name in (ON, KEYWORDS, OFF):
+        for name in names:
             if name not in head:
                 continue
             ratio = _ratio(head[name]["added_p50_ms"], head[other]["added_p50_ms"])
