@@ -23,6 +23,7 @@ from bench.overhead_bench.servers import (
     DIRECT,
     HEAVY,
     LITELLM,
+    LITELLM_KEY,
     MEMORY_ON,
     OFF,
     ON,
@@ -68,7 +69,8 @@ def httpx_post(client: httpx.AsyncClient) -> Post:
 
 
 def headers_for(name: str, args: argparse.Namespace) -> dict[str, str]:
-    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
+    key = LITELLM_KEY if name == LITELLM else API_KEY
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     if name == OFF:
         headers["x-memory-mode"] = "off"
     elif name in MEMORY_ON and args.memory_mode:

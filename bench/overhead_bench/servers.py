@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -16,6 +17,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.fake_upstream import TAIL_MODEL
+from bench.overhead_bench.wire import MODEL
 
 BENCH = Path(__file__).resolve().parent.parent
 ROOT = BENCH.parent
@@ -35,6 +39,8 @@ UNTRACED = "memproxy-untraced"
 PREVIOUS = "memproxy-prev"
 MEMORY_ON = (ON, KEYWORDS, HEAVY, UNTRACED, PREVIOUS)
 LITELLM_VENV = BENCH / ".litellm-venv"
+# LiteLLM's proxy refuses to start without a strong master key, and asks clients for it.
+LITELLM_KEY = f"sk-{secrets.token_hex(32)}"
 LITELLM_INSTALL = (
     f"python3 -m venv {LITELLM_VENV.relative_to(ROOT)} && "
     f"{(LITELLM_VENV / 'bin' / 'pip').relative_to(ROOT)} install 'litellm[proxy]'"
@@ -153,14 +159,17 @@ def litellm_binary() -> Path | None:
 
 def litellm_config(upstream: str) -> str:
     """LiteLLM's proxy in front of the fake for the bench's model, with no database."""
-    return (
-        "model_list:\n"
-        "  - model_name: gpt-4o-mini\n"
+    models = "".join(
+        f"  - model_name: {model}\n"
         "    litellm_params:\n"
-        "      model: openai/gpt-4o-mini\n"
+        f"      model: openai/{model}\n"
         f"      api_base: {upstream}/v1\n"
         "      api_key: bench-upstream-key\n"
-        "litellm_settings: {telemetry: false}\n"
+        for model in (MODEL, TAIL_MODEL)  # (the second for the no-buffering check)
+    )
+    return (
+        "model_list:\n" + models + "litellm_settings: {telemetry: false}\n"
+        f"general_settings: {{master_key: {LITELLM_KEY}}}\n"
     )
 
 
