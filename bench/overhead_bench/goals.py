@@ -52,6 +52,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else round(a / b, 3)
 
 
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 3)
+
+
 def _goal(what: str, value: float | None, limit: float, unit: str, at_least: bool = False) -> Any:
     met = value is not None and (value >= limit if at_least else value <= limit)
     shown = "n/a" if value is None else f"{value:.2f}{unit}"
@@ -94,8 +98,7 @@ def goals(
             )
         )
     if ON in head and embeddings.get(ON) in (None, "local"):
-        extra = head[ON]["added_p50_ms"], off.get("added_p50_ms")
-        value = None if None in extra else round(extra[0] - extra[1], 3)  # type: ignore[operator]
+        value = _minus(head[ON]["added_p50_ms"], off.get("added_p50_ms"))
         out.append(
             _goal(f"{ON} (default config) added p50 - {OFF}'s", value, DEFAULT_EXTRA_MS, " ms")
         )
@@ -115,8 +118,7 @@ def goals(
         )
     if postgres:
         on = keywords or ON
-        pair = head[on]["added_p50_ms"], off.get("added_p50_ms")
-        value = None if None in pair else round(pair[0] - pair[1], 3)  # type: ignore[operator]
+        value = _minus(head[on]["added_p50_ms"], off.get("added_p50_ms"))
         out.append(_goal(f"PostgreSQL: {on} over {OFF}, p50", value, POSTGRES_EXTRA_MS, " ms"))
     if HEAVY in head and keywords is not None:
         out.append(
