@@ -16,6 +16,7 @@ realistic   each client is a named user (`X-Memory-User-Id: bench-user-NN`) with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import sys
 import time
@@ -30,7 +31,7 @@ PROMPT = "say hi please now"
 # Turns per imported conversation (two messages each).
 SEEDED_TURNS_PER_CONVERSATION = 250
 
-_WORDS = (
+_COMMON = (
     "budget invoice travel flight hotel garden tomato recipe oven bread pasta sauce guitar"
     " concert ticket lesson piano violin marathon training knee doctor appointment insurance"
     " mortgage apartment lease landlord plumber kitchen paint carpet sofa lamp printer laptop"
@@ -41,9 +42,17 @@ _WORDS = (
     " wine cheese coffee tea bakery market bicycle helmet train station airport passport visa"
     " beach mountain hiking tent camping river lake fishing boat sailing weather storm snow"
     " winter summer spring autumn holiday vacation cousin sister brother parents grandmother"
-    " puppy kitten veterinarian vaccine garden fence tree roses tulips harvest compost"
+    " puppy kitten veterinarian vaccine fence tree roses tulips harvest compost"
 )
-WORDS = _WORDS.split()
+_SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vi", "do", "pe", "gu", "zo"]
+# The content words of the run's messages: the common words above, then made-up ones (names,
+# places, terms: about 1,900), drawn with Zipf-like weights (the word of rank r about as often
+# as 1 / (r + 20)), so a question's words match a few stored turns or many, as in real
+# conversations, rather than every word a large share of them.
+WORDS = _COMMON.split() + [
+    a + b + (c or "") for a in _SYLLABLES for b in _SYLLABLES for c in [None, *_SYLLABLES]
+]
+_WEIGHTS = list(itertools.accumulate(1 / (rank + 20) for rank in range(1, len(WORDS) + 1)))
 OPENERS = (
     "what did we say about",
     "remind me of the",
@@ -55,7 +64,7 @@ OPENERS = (
 
 
 def _phrase(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+    return " ".join(rng.choices(WORDS, cum_weights=_WEIGHTS, k=n))
 
 
 def question(client: int, turn: int) -> str:
