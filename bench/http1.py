@@ -83,13 +83,18 @@ class Client:
         self._idle: list[_Connection] = []
 
     @asynccontextmanager
-    async def post(self, path: str, body: bytes) -> AsyncIterator[Response]:
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> AsyncIterator[Response]:
+        """`headers`: this request's own, after the client's."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode("latin-1")
         request = (
             b"POST "
             + path.encode("latin-1")
             + b" HTTP/1.1\r\n"
             + self._host_line
             + self._head
+            + extra
             + b"content-length: %d\r\n\r\n" % len(body)
             + body
         )

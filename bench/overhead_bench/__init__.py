@@ -1,0 +1,1 @@
+"""bench/overhead.py in parts: servers, wire, workload, run, figures, goals, report, cli."""
