@@ -87,23 +87,20 @@ _SQLITE = text(
     "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
     "ORDER BY f.score DESC"
 )
-# Most of a search's time on SQLite is bm25 computed for every matching row, and a word in a
-# large share of the index (a name the user says in every turn) makes most rows match while
-# adding little to any row's score. Such a word's rows are left out of the ranking when that
-# provably changes nothing (`_ranked_without_frequent`): a word is frequent in more than
-# FREQUENT_SHARE of the index's rows and at least FREQUENT_ROWS of them (below that, ranking
-# its rows costs little). On LoCoMo ten times over (27,600 messages), a third less search time.
-FREQUENT_SHARE = 0.1
-FREQUENT_ROWS = 1_000
-# FTS5's bm25 (k1 = 1.2): a word adds less than (k1 + 1) times its idf to a row's score.
-_BM25_MOST_PER_IDF = 2.2
-_INDEXED_ROWS_AT_MOST = text("SELECT coalesce(max(pk), 0) FROM messages")
-_SQLITE_IN_CONVERSATION = text(
+# Most of a search's time on SQLite is bm25: for every matching row, and, for each phrase of
+# the query, over every row of the index holding it (its idf), the user's scope token too:
+# every row of theirs. A named user's search ranks only the rows holding the question's rarest
+# words, as many as RANKED_ROWS together in the whole index (`_rarest`), found by those words
+# alone, without the scope token (`_SQLITE_RANKED`: the user's rows kept by the join, before
+# the limit): the rows holding a rare word and another word of the question, then those
+# holding rare words only, each scored as the whole search scores it (`_ranked_rare`).
+_SQLITE_RANKED = text(
     "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
     "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
     "WHERE messages_fts MATCH :query AND m.tenant_id = :tenant AND m.user_id = :user "
-    "AND m.status = 'complete' AND m.conversation_pk = :conversation "
-    "ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
+    "AND m.status = 'complete' "
+    "AND (CAST(:conversation AS INTEGER) IS NULL OR m.conversation_pk = :conversation) "
+    "ORDER BY bm25(messages_fts, 1.0, 0.0), m.pk LIMIT :limit"
 )
 # PostgreSQL ranks a row by each of the question's words apart, weighted by bm25's idf over
 # the user's own rows (their counts: `message_words`, migration 0018), since `ts_rank` knows
@@ -133,12 +130,10 @@ _CONVERSATION_WORDS = text(
     "AND tenant_id = :tenant AND user_id = :user AND search_text IS NOT NULL"
 )
 _ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
-# A PostgreSQL search ranks only the rows holding the question's rarest words, as many as
-# RANKED_ROWS together (`_rarest`), unless those make fewer hits than asked for: a row costs
-# a few microseconds to match and rank, and a user who says a name in every turn has
-# thousands of rows holding it. (SQLite leaves out the rows of frequent words only where
-# bm25's bound proves that changes nothing; the length normalisation leaves `ts_rank` no
-# bound worth having.)
+# A search ranks only the rows holding the question's rarest words, as many as RANKED_ROWS
+# together (`_rarest`: the user's on PostgreSQL, the whole index's on SQLite), unless those
+# make fewer hits than asked for: a row costs a few microseconds to match and rank, and a
+# user who says a name in every turn has thousands of rows holding it.
 RANKED_ROWS = 1_000
 
 
@@ -210,39 +205,40 @@ class MessageSearch:
         scope = scope_token(tenant_id, user_id)
         if conversation_pk is not None:
             query = _sqlite_query(scope, words)
-            return self._hits(
-                _SQLITE_IN_CONVERSATION, query, tenant_id, user_id, limit, conversation_pk
-            )
-        found = self._ranked_without_frequent(scope, words, tenant_id, user_id, limit)
+            return self._hits(_SQLITE_RANKED, query, tenant_id, user_id, limit, conversation_pk)
+        found = self._ranked_rare(words, tenant_id, user_id, limit)
         if found is not None:
             return found
         return self._hits(_SQLITE, _sqlite_query(scope, words), tenant_id, user_id, limit)
 
-    def _ranked_without_frequent(
-        self, scope: str, words: Sequence[str], tenant_id: str, user_id: str, limit: int
+    def _ranked_rare(
+        self, words: Sequence[str], tenant_id: str, user_id: str, limit: int
     ) -> list[Hit] | None:
-        """The SQLite search ranking only the rows that hold a word that is not frequent
-        (`FREQUENT_SHARE`), the frequent words still scored where they occur: the same hits,
-        and faster, when the last of them scores more than a row holding only frequent words
-        could (bm25's bound, from the words' idf); None when that is not so, or there is no
-        word of each kind, and the whole search is needed."""
-        if len(words) < 2:
-            return None  # (no word of each kind: not worth counting)
-        holding = self._rows_holding(words)
-        indexed = self.conn.execute(_INDEXED_ROWS_AT_MOST).scalar_one()
-        cut = max(FREQUENT_ROWS, FREQUENT_SHARE * indexed)
-        frequent = [w for w in words if holding[w] > cut]
-        rare = [w for w in words if 0 < holding[w] <= cut]
-        if not frequent or not rare:
+        """The SQLite search ranking only the rows that hold the `_rarest` words, RANKED_ROWS
+        of the index at most, the other words still scored where they occur: their best hits,
+        with the scores the whole search gives them; None when those words hold more rows than
+        that (the rarest alone), or when other words are left out and the rarest make fewer
+        hits than `limit`: then the whole search is needed."""
+        holding = {w: n for w, n in self._rows_holding(words).items() if n > 0}
+        if not holding:
+            return []
+        rarest = _rarest(holding, RANKED_ROWS)
+        if sum(holding[w] for w in rarest) > RANKED_ROWS:
             return None
-        scored = " OR ".join(f'search_text : "{w}"' for w in frequent)
-        query = f'{_sqlite_query(scope, rare)} AND ({scored} OR search_scope : "{scope}")'
-        hits = self._hits(_SQLITE, query, tenant_id, user_id, limit)
-        # An upper bound of what bm25 computes: more rows than it counts, fewer holding a word.
-        ceiling = sum(_BM25_MOST_PER_IDF * _idf(indexed, holding[w]) for w in frequent)
-        if len(hits) == limit and hits[-1].score > ceiling:
-            return hits
-        return None
+        rare = _sqlite_text(rarest)
+        hits = self._hits(_SQLITE_RANKED, rare, tenant_id, user_id, limit)
+        others = [w for w in holding if w not in rarest]
+        if not others:
+            return hits  # (every word: the whole search)
+        # A row's score above counts its rare words only: the rows holding another word too
+        # are scored again with every word (bm25 sums over the query's phrases, each one's idf
+        # counted over the whole index: what the whole search gives them). Any row holding
+        # rare words only that ranks in the best `limit` is above, with its whole score.
+        also = f"{rare} AND {_sqlite_text(others)}"
+        best = {h.pk: h for h in hits}
+        best.update((h.pk, h) for h in self._hits(_SQLITE_RANKED, also, tenant_id, user_id, limit))
+        hits = sorted(best.values(), key=lambda h: (-h.score, h.pk))[:limit]
+        return hits if len(hits) == limit else None
 
     def delete_user(self, tenant_id: str, user_id: str) -> None:
         """PostgreSQL: the user's word counts, once their messages are deleted (their
@@ -381,8 +377,13 @@ class MessageSearch:
 
 def _sqlite_query(scope: str, words: Sequence[str]) -> str:
     """An FTS5 query for the rows of one user (`scope_token`) that hold any of `words`."""
+    return f'search_scope : "{scope}" AND {_sqlite_text(words)}'
+
+
+def _sqlite_text(words: Sequence[str]) -> str:
+    """An FTS5 query for the rows (of every user) that hold any of `words`."""
     either = " OR ".join(f'"{w}"' for w in words)
-    return f'search_scope : "{scope}" AND search_text : ({either})'
+    return f"search_text : ({either})"
 
 
 def _rarest(holding: dict[str, int], most: int) -> list[str]:
