@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
 
+from policies.ranking import held_by_few, rarest
 from storage.models import CONVERSATIONS, MESSAGES
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import utc
@@ -88,12 +89,11 @@ _SQLITE = text(
     "ORDER BY f.score DESC"
 )
 # Most of a search's time on SQLite is bm25: for every matching row, and, for each phrase of
-# the query, over every row of the index holding it (its idf), the user's scope token too:
-# every row of theirs. A named user's search ranks only the rows holding the question's rarest
-# words, as many as RANKED_ROWS together in the whole index (`_rarest`), found by those words
-# alone, without the scope token (`_SQLITE_RANKED`: the user's rows kept by the join, before
-# the limit): the rows holding a rare word and another word of the question, then those
-# holding rare words only, each scored as the whole search scores it (`_ranked_rare`).
+# the query, over every row of the index holding it (its idf): the user's scope token too, in
+# every row of theirs. A named user's search ranks only the rows holding the question's
+# rarest words, as many as RANKED_ROWS of theirs (`rarest`, policies/ranking.py); where the
+# whole index holds that many of them at most, without the scope token (`_SQLITE_RANKED`:
+# every user's rows ranked, the user's kept by the join, before the limit). See `_named`.
 _SQLITE_RANKED = text(
     "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
     "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
@@ -206,39 +206,57 @@ class MessageSearch:
         if conversation_pk is not None:
             query = _sqlite_query(scope, words)
             return self._hits(_SQLITE_RANKED, query, tenant_id, user_id, limit, conversation_pk)
-        found = self._ranked_rare(words, tenant_id, user_id, limit)
-        if found is not None:
-            return found
-        return self._hits(_SQLITE, _sqlite_query(scope, words), tenant_id, user_id, limit)
+        return self._named(scope, words, tenant_id, user_id, limit)
 
-    def _ranked_rare(
-        self, words: Sequence[str], tenant_id: str, user_id: str, limit: int
-    ) -> list[Hit] | None:
-        """The SQLite search ranking only the rows that hold the `_rarest` words, RANKED_ROWS
-        of the index at most, the other words still scored where they occur: their best hits,
-        with the scores the whole search gives them; None when those words hold more rows than
-        that (the rarest alone), or when other words are left out and the rarest make fewer
-        hits than `limit`: then the whole search is needed."""
-        holding = {w: n for w, n in self._rows_holding(words).items() if n > 0}
-        if not holding:
+    def _named(
+        self, scope: str, words: Sequence[str], tenant_id: str, user_id: str, limit: int
+    ) -> list[Hit]:
+        """The SQLite search of a named user: the rows holding the `rarest` of their words
+        ranked, RANKED_ROWS of theirs at most, then the whole search if those make fewer hits
+        than `limit`; the rows of every user ranked instead of naming the user's scope token
+        wherever the index holds RANKED_ROWS of them at most."""
+        every = {w: n for w, n in self._rows_holding(words).items() if n > 0}
+        if not every:
             return []
-        rarest = _rarest(holding, RANKED_ROWS)
-        if sum(holding[w] for w in rarest) > RANKED_ROWS:
-            return None
-        rare = _sqlite_text(rarest)
+        if held_by_few(every, list(every), RANKED_ROWS):
+            return self._ranked(list(every), [], None, tenant_id, user_id, limit)
+        own = {w: n for w, n in self._rows_holding(list(every), scope).items() if n > 0}
+        chosen = rarest(own, RANKED_ROWS)
+        if len(chosen) < len(own):
+            others = [w for w in own if w not in chosen]
+            narrow = None if held_by_few(every, chosen, RANKED_ROWS) else scope
+            hits = self._ranked(chosen, others, narrow, tenant_id, user_id, limit)
+            if len(hits) == limit:
+                return hits
+        if not own:
+            return []
+        return self._hits(_SQLITE, _sqlite_query(scope, list(own)), tenant_id, user_id, limit)
+
+    def _ranked(
+        self,
+        words: list[str],
+        others: list[str],
+        scope: str | None,
+        tenant_id: str,
+        user_id: str,
+        limit: int,
+    ) -> list[Hit]:
+        """The user's best `limit` rows of those that hold any of `words` (the user's alone,
+        with their `scope` token), scored for `others` too where they hold them, as the whole
+        search scores them."""
+        rare = _sqlite_text(words) if scope is None else _sqlite_query(scope, words)
         hits = self._hits(_SQLITE_RANKED, rare, tenant_id, user_id, limit)
-        others = [w for w in holding if w not in rarest]
         if not others:
-            return hits  # (every word: the whole search)
-        # A row's score above counts its rare words only: the rows holding another word too
-        # are scored again with every word (bm25 sums over the query's phrases, each one's idf
-        # counted over the whole index: what the whole search gives them). Any row holding
-        # rare words only that ranks in the best `limit` is above, with its whole score.
+            return hits
+        # A row's score above counts `words` only: the rows holding any of `others` too are
+        # scored again with every word (bm25 sums over the query's phrases, each one's idf
+        # counted over the whole index, the scope token's weighing nothing: what the whole
+        # search gives them). A row holding `words` only that ranks in the best `limit` is
+        # above, with its whole score: no row scores less there than with every word.
         also = f"{rare} AND {_sqlite_text(others)}"
         best = {h.pk: h for h in hits}
         best.update((h.pk, h) for h in self._hits(_SQLITE_RANKED, also, tenant_id, user_id, limit))
-        hits = sorted(best.values(), key=lambda h: (-h.score, h.pk))[:limit]
-        return hits if len(hits) == limit else None
+        return sorted(best.values(), key=lambda h: (-h.score, h.pk))[:limit]
 
     def delete_user(self, tenant_id: str, user_id: str) -> None:
         """PostgreSQL: the user's word counts, once their messages are deleted (their
@@ -256,7 +274,7 @@ class MessageSearch:
         conversation_pk: int | None,
     ) -> list[Hit]:
         """The PostgreSQL search: each word's `ts_rank` weighted by its idf over the user's
-        rows, the rows holding the `_rarest` words ranked first, the others only when those
+        rows, the rows holding the `rarest` words ranked first, the others only when those
         are not enough."""
         counting = _USER_WORDS if conversation_pk is None else _CONVERSATION_WORDS
         found = self.conn.execute(
@@ -287,9 +305,9 @@ class MessageSearch:
         for i, (word, weight) in enumerate(weights.items()):
             scope[f"q{i}"], scope[f"w{i}"] = _tsquery([word]), weight
         statement = _postgresql_ranked(len(weights))
-        rarest = _rarest(holding, RANKED_ROWS)
-        if len(rarest) < len(holding):
-            hits = self._scored(statement, {**scope, "match": _tsquery(rarest)})
+        chosen = rarest(holding, RANKED_ROWS)
+        if len(chosen) < len(holding):
+            hits = self._scored(statement, {**scope, "match": _tsquery(chosen)})
             if len(hits) == limit:
                 return hits
         return self._scored(statement, {**scope, "match": _tsquery(list(holding))})
@@ -298,9 +316,14 @@ class MessageSearch:
         rows = self.conn.execute(statement, parameters)
         return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
 
-    def _rows_holding(self, words: Sequence[str]) -> dict[str, int]:
-        """How many rows of the index (every user's) hold each of `words`, as bm25 counts
-        them (as it does for each word of every search)."""
+    def _rows_holding(self, words: Sequence[str], scope: str | None = None) -> dict[str, int]:
+        """How many rows of the index (every user's; one user's, with their `scope` token)
+        hold each of `words`; bm25 counts every user's (as it does for each word of every
+        search)."""
+        if not words:
+            return {}
+        within = "" if scope is None else f'search_scope : "{scope}" AND '
+
         statement = text(
             " UNION ALL ".join(
                 f"SELECT {i} AS i, count(*) AS n FROM messages_fts WHERE messages_fts MATCH :w{i}"
@@ -309,7 +332,7 @@ class MessageSearch:
         )
         rows = self.conn.execute(
             statement,
-            {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)},
+            {f"w{i}": f'{within}search_text : "{w}"' for i, w in enumerate(words)},
         )
         return {words[i]: n for i, n in rows}
 
@@ -384,19 +407,6 @@ def _sqlite_text(words: Sequence[str]) -> str:
     """An FTS5 query for the rows (of every user) that hold any of `words`."""
     either = " OR ".join(f'"{w}"' for w in words)
     return f"search_text : ({either})"
-
-
-def _rarest(holding: dict[str, int], most: int) -> list[str]:
-    """The rarest of the words (`holding`: how many rows hold each) held by `most` rows
-    together at most (the rarest one, however many hold it)."""
-    chosen: list[str] = []
-    total = 0
-    for word, n in sorted(holding.items(), key=lambda item: item[1]):
-        total += n
-        if chosen and total > most:
-            break
-        chosen.append(word)
-    return chosen
 
 
 def _tsquery(lexemes: Sequence[str]) -> str:
