@@ -94,13 +94,19 @@ _SQLITE = text(
 # rarest words, as many as RANKED_ROWS of theirs (`rarest`, policies/ranking.py); where the
 # whole index holds that many of them at most, without the scope token (`_SQLITE_RANKED`:
 # every user's rows ranked, the user's kept by the join, before the limit). See `_named`.
-_SQLITE_RANKED = text(
+_RANKED = (
     "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
     "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
-    "WHERE messages_fts MATCH :query AND m.tenant_id = :tenant AND m.user_id = :user "
+    "WHERE messages_fts MATCH {query} AND m.tenant_id = :tenant AND m.user_id = :user "
     "AND m.status = 'complete' "
     "AND (CAST(:conversation AS INTEGER) IS NULL OR m.conversation_pk = :conversation) "
     "ORDER BY bm25(messages_fts, 1.0, 0.0), m.pk LIMIT :limit"
+)
+_SQLITE_RANKED = text(_RANKED.format(query=":query"))
+# Two searches' best in one statement: the second's rows scored with more words (`_ranked`).
+_SQLITE_RANKED_TWICE = text(
+    f"SELECT * FROM ({_RANKED.format(query=':query')}) "
+    f"UNION ALL SELECT * FROM ({_RANKED.format(query=':also')})"
 )
 # PostgreSQL ranks a row by each of the question's words apart, weighted by bm25's idf over
 # the user's own rows (their counts: `message_words`, migration 0018), since `ts_rank` knows
@@ -130,10 +136,10 @@ _CONVERSATION_WORDS = text(
     "AND tenant_id = :tenant AND user_id = :user AND search_text IS NOT NULL"
 )
 _ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
-# A search ranks only the rows holding the question's rarest words, as many as RANKED_ROWS
-# together (`_rarest`: the user's on PostgreSQL, the whole index's on SQLite), unless those
-# make fewer hits than asked for: a row costs a few microseconds to match and rank, and a
-# user who says a name in every turn has thousands of rows holding it.
+# A named user's search ranks only the rows holding the question's rarest words, as many as
+# RANKED_ROWS of theirs together (`rarest`, policies/ranking.py), unless those make fewer hits
+# than asked for: a row costs a few microseconds to match and rank, and a user who says a
+# name in every turn has thousands of rows holding it.
 RANKED_ROWS = 1_000
 
 
@@ -215,21 +221,19 @@ class MessageSearch:
         ranked, RANKED_ROWS of theirs at most, then the whole search if those make fewer hits
         than `limit`; the rows of every user ranked instead of naming the user's scope token
         wherever the index holds RANKED_ROWS of them at most."""
-        every = {w: n for w, n in self._rows_holding(words).items() if n > 0}
-        if not every:
+        every, own = self._rows_holding(words, scope)
+        if not own:
             return []
-        if held_by_few(every, list(every), RANKED_ROWS):
-            return self._ranked(list(every), [], None, tenant_id, user_id, limit)
-        own = {w: n for w, n in self._rows_holding(list(every), scope).items() if n > 0}
+        if held_by_few(every, list(own), RANKED_ROWS):
+            return self._ranked(list(own), [], None, tenant_id, user_id, limit)
         chosen = rarest(own, RANKED_ROWS)
-        if len(chosen) < len(own):
+        # (Rows that hold them fewer than `limit`: fewer hits than asked for, certainly.)
+        if len(chosen) < len(own) and not held_by_few(own, chosen, limit - 1):
             others = [w for w in own if w not in chosen]
             narrow = None if held_by_few(every, chosen, RANKED_ROWS) else scope
             hits = self._ranked(chosen, others, narrow, tenant_id, user_id, limit)
             if len(hits) == limit:
                 return hits
-        if not own:
-            return []
         return self._hits(_SQLITE, _sqlite_query(scope, list(own)), tenant_id, user_id, limit)
 
     def _ranked(
@@ -245,17 +249,25 @@ class MessageSearch:
         with their `scope` token), scored for `others` too where they hold them, as the whole
         search scores them."""
         rare = _sqlite_text(words) if scope is None else _sqlite_query(scope, words)
-        hits = self._hits(_SQLITE_RANKED, rare, tenant_id, user_id, limit)
         if not others:
-            return hits
-        # A row's score above counts `words` only: the rows holding any of `others` too are
-        # scored again with every word (bm25 sums over the query's phrases, each one's idf
-        # counted over the whole index, the scope token's weighing nothing: what the whole
-        # search gives them). A row holding `words` only that ranks in the best `limit` is
-        # above, with its whole score: no row scores less there than with every word.
-        also = f"{rare} AND {_sqlite_text(others)}"
-        best = {h.pk: h for h in hits}
-        best.update((h.pk, h) for h in self._hits(_SQLITE_RANKED, also, tenant_id, user_id, limit))
+            return self._hits(_SQLITE_RANKED, rare, tenant_id, user_id, limit)
+        # A row's score in the first search counts `words` only: the rows holding any of
+        # `others` too are scored again with every word (bm25 sums over the query's phrases,
+        # each one's idf counted over the whole index, the scope token's weighing nothing:
+        # what the whole search gives them). A row holding `words` only that ranks in the best
+        # `limit` is in the first, with its whole score: no row scores less there.
+        rows = self.conn.execute(
+            _SQLITE_RANKED_TWICE,
+            {
+                "query": rare,
+                "also": f"{rare} AND {_sqlite_text(others)}",
+                "tenant": tenant_id,
+                "user": user_id,
+                "conversation": None,
+                "limit": limit,
+            },
+        )
+        best = {r.pk: Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows}
         return sorted(best.values(), key=lambda h: (-h.score, h.pk))[:limit]
 
     def delete_user(self, tenant_id: str, user_id: str) -> None:
@@ -316,25 +328,25 @@ class MessageSearch:
         rows = self.conn.execute(statement, parameters)
         return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
 
-    def _rows_holding(self, words: Sequence[str], scope: str | None = None) -> dict[str, int]:
-        """How many rows of the index (every user's; one user's, with their `scope` token)
-        hold each of `words`; bm25 counts every user's (as it does for each word of every
-        search)."""
-        if not words:
-            return {}
-        within = "" if scope is None else f'search_scope : "{scope}" AND '
-
-        statement = text(
-            " UNION ALL ".join(
-                f"SELECT {i} AS i, count(*) AS n FROM messages_fts WHERE messages_fts MATCH :w{i}"
-                for i in range(len(words))
-            )
-        )
+    def _rows_holding(
+        self, words: Sequence[str], scope: str
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """How many rows of the index hold each of `words`: every user's (as bm25 counts them
+        for each word of every search), and the user's (with their `scope` token)."""
         rows = self.conn.execute(
-            statement,
-            {f"w{i}": f'{within}search_text : "{w}"' for i, w in enumerate(words)},
+            _counting(len(words)),
+            {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)}
+            | {
+                f"s{i}": f'search_scope : "{scope}" AND search_text : "{w}"'
+                for i, w in enumerate(words)
+            },
         )
-        return {words[i]: n for i, n in rows}
+        every: dict[str, int] = {}
+        own: dict[str, int] = {}
+        for i, theirs, n in rows:
+            if n > 0:
+                (own if theirs else every)[words[i]] = n
+        return every, own
 
     def _hits(
         self,
@@ -396,6 +408,20 @@ class MessageSearch:
             Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
+
+
+@lru_cache(maxsize=64)
+def _counting(words: int) -> TextClause:
+    """The statement counting the rows that hold each of `words` words (`:w0`... each one's
+    FTS5 query) and the user's that do (`:s0`...): rows of (word, the user's, count)."""
+    return text(
+        " UNION ALL ".join(
+            f"SELECT {i} AS i, {own} AS own, count(*) AS n FROM messages_fts "
+            f"WHERE messages_fts MATCH :{kind}{i}"
+            for i in range(words)
+            for own, kind in ((0, "w"), (1, "s"))
+        )
+    )
 
 
 def _sqlite_query(scope: str, words: Sequence[str]) -> str:

@@ -293,18 +293,20 @@ def ranked_matches(ran: list[tuple[str, Any]]) -> list[str]:
 async def test_on_sqlite_only_the_rare_words_rows_are_ranked_with_every_words_score(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # "zed" is in every message (a name said in every turn); a few also hold rarer words, and
-    # another user's rows hold them too (they count in the index, and are never found).
+    # "zed" is in most messages (a name said in every turn); five also hold rarer words (six
+    # times), and another user's rows hold them too (they count in the index, never found).
     turns = [msg("user", f"zed: plain turn number {i}") for i in range(20)]
     turns += [msg("user", f"zed: the kayak trip {i}, kayak") for i in range(2)]
     turns += [msg("user", "a kayak"), msg("assistant", "zed: a glacier walk")]
-    turns += [msg("user", "zed zed zed zed")]
+    turns += [msg("user", "zed zed zed zed"), msg("user", "kayak by the glacier")]
     await new_conversation(db, "c1", turns)
     await new_conversation(db, "c2", [msg("user", "zed and a kayak glacier")] * 2, user="bob")
     terms = ["zed", "kayak", "glacier"]
     monkeypatch.setattr(search_module, "RANKED_ROWS", 10**6)  # every row ranked at once
-    everything = {n: await search(db, terms, limit=n) for n in (4, 6)}
-    monkeypatch.setattr(search_module, "RANKED_ROWS", 8)  # "kayak" and "glacier": 7 rows
+    everything = {n: await search(db, terms, limit=n) for n in (4, 6, 7)}
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 10)  # "kayak" and "glacier": 10 rows
+    scope = search_module.scope_token("t1", "alice")
+    whole = f'search_scope : "{scope}" AND search_text : ("zed" OR "kayak" OR "glacier")'
 
     async def found(limit: int) -> tuple[list[Hit], list[str]]:
         def work(conn: Connection) -> tuple[list[Hit], list[str]]:
@@ -318,20 +320,27 @@ async def test_on_sqlite_only_the_rare_words_rows_are_ranked_with_every_words_sc
     # hits, with the same scores, as when every row is ranked; none of bob's.
     hits, matched = await found(4)
     assert same(hits, everything[4])
-    rare = 'search_text : ("glacier" OR "kayak")'  # (the rarest first)
-    assert matched == [rare, f'{rare} AND search_text : ("zed")']  # (no scope token: bounded)
+    rare = 'search_text : ("glacier" OR "kayak")'  # (the rarest first; no scope token)
+    assert matched == [rare, f'{rare} AND search_text : ("zed")']
     texts = await found_texts(db, terms, limit=4)
     assert all("kayak" in t or "glacier" in t for t in texts) and "zed zed zed zed" not in texts
-    # Four of alice's rows hold the rare words: six hits need the whole search.
+    # Five of alice's rows hold the rare words: six hits need the whole search too...
     hits, matched = await found(6)
-    assert same(hits, everything[6]) and len(matched) == 3
-    assert matched[2].startswith("search_scope :")
+    assert same(hits, everything[6]) and matched == [
+        rare,
+        f'{rare} AND search_text : ("zed")',
+        whole,
+    ]
+    # ...and seven, more than they are counted in, the whole search at once.
+    hits, matched = await found(7)
+    assert same(hits, everything[7]) and matched == [whole]
     # The index holds more rows of the rare words than the bound (bob's): the user's scope
     # token narrows them, and the hits are the same.
-    monkeypatch.setattr(search_module, "RANKED_ROWS", 4)
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 7)
     hits, matched = await found(4)
     assert same(hits, everything[4]) and len(matched) == 2
-    assert all(m.startswith("search_scope :") for m in matched) and "zed" in matched[1]
+    assert all(m.startswith(f'search_scope : "{scope}" AND ') for m in matched)
+    assert matched[1].endswith('AND search_text : ("zed")')
 
 
 @pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
