@@ -7,8 +7,9 @@ every turn), cycled until the size is reached; then LoCoMo's questions are asked
 (`proxy.pipeline.recall.recall`, words alone: embeddings off), in the same process, the
 searches of this code and of `--baseline-rev` (its storage/repositories/search.py) taking
 turns question by question, so drift hits both alike. Reported per size and code: recall's
-p50 and p95, and how many questions found the same hits with both (the bounded ranking's
-effect on what is attached). Target (issue 37): a user with 5,000 stored turns within 1.2x
+p50 and p95 (`recall()`: search, neighbours, ranking, packing, rendering), the full-text
+search's alone, and how many questions had the same section attached by both (the bounded
+ranking's effect on what is attached). Target (issue 37): a user with 5,000 stored turns within 1.2x
 of a new user.
 
     .venv/bin/python bench/recall_stored.py [--sizes 100,1000,5000,50000] [--questions 200]
@@ -36,6 +37,7 @@ from sqlalchemy import Connection
 
 from bench.recall_locomo import DATA, percentile, questions, sessions, turn_text
 from policies.identity import chain_hashes
+from policies.recall import query_terms
 from proxy.core.offline import prepare_offline_environment
 from proxy.pipeline import recall as recall_module
 from storage import migrate
@@ -122,6 +124,27 @@ async def ask(db: Database, question: str, budget: int) -> tuple[float, str]:
     return elapsed, repr(found.section)
 
 
+async def search_time(db: Database, search: type, question: str, budget: int) -> float:
+    """The full-text search's own time for `question` (in the reader thread, as recall's)."""
+    terms = query_terms(question)
+    limit = max(10, budget // TOKENS_PER_CANDIDATE)
+
+    def work(conn: Connection) -> float:
+        started = time.perf_counter()
+        search(conn).search(TENANT, USER, terms, limit=limit)
+        return (time.perf_counter() - started) * 1000
+
+    return await db.read(work)
+
+
+def figures(times: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(times, 0.5), 2),
+        "p95_ms": round(percentile(times, 0.95), 2),
+        "mean_ms": round(sum(times) / len(times), 2),
+    }
+
+
 async def measure(
     size: int,
     searches: dict[str, type],
@@ -137,10 +160,10 @@ async def measure(
             started = time.perf_counter()
             await seed(db, size, source)
             seeded = time.perf_counter() - started
-            times: dict[str, list[float]] = {name: [] for name in searches}
+            times: dict[str, list[float]] = {}
             same = 0
             for _ in range(2):  # the first pass warms the page cache; the second is measured
-                times = {name: [] for name in searches}
+                times = {name: [] for name in searches} | {f"{n} search": [] for n in searches}
                 same = 0
                 for question in asked:
                     ranked = []
@@ -149,6 +172,9 @@ async def measure(
                         ms, attached = await ask(db, question, budget)
                         times[name].append(ms)
                         ranked.append(attached)
+                        times[f"{name} search"].append(
+                            await search_time(db, search, question, budget)
+                        )
                     same += all(r == ranked[0] for r in ranked)
         finally:
             recall_module.MessageSearch = MessageSearch  # type: ignore[misc]
@@ -157,14 +183,7 @@ async def measure(
         "turns": size,
         "seeded_s": round(seeded, 1),
         "same_attached": f"{same}/{len(asked)}",
-        **{
-            name: {
-                "p50_ms": round(percentile(t, 0.5), 2),
-                "p95_ms": round(percentile(t, 0.95), 2),
-                "mean_ms": round(sum(t) / len(t), 2),
-            }
-            for name, t in times.items()
-        },
+        **{name: figures(t) for name, t in times.items()},
     }
 
 
@@ -189,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{size:>6} turns (seeded in {result['seeded_s']} s): "
             + "; ".join(
                 f"{name} p50 {result[name]['p50_ms']:.2f} / p95 {result[name]['p95_ms']:.2f} ms"
-                for name in searches
+                for name in [*searches, *(f"{n} search" for n in searches)]
             )
             + f"; same attached {result['same_attached']}",
             flush=True,
