@@ -26,6 +26,7 @@ from sqlalchemy import Connection, TextClause, text
 
 from policies.ranking import held_by_few, rarest
 from storage.models import CONVERSATIONS, MESSAGES
+from storage.repositories import fts5
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import utc
 
@@ -78,36 +79,6 @@ class Found:
     created_at: datetime
 
 
-# The query names the user's scope token, so only their postings are read and ranked; the
-# best are then checked against the real tenant and user (and conversation, for anonymous).
-_SQLITE = text(
-    "SELECT m.pk, m.conversation_pk, m.seq, f.score FROM ("
-    "SELECT rowid AS pk, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
-    "WHERE messages_fts MATCH :query ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
-    ") f JOIN messages m ON m.pk = f.pk "
-    "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
-    "ORDER BY f.score DESC"
-)
-# Most of a search's time on SQLite is bm25: for every matching row, and, for each phrase of
-# the query, over every row of the index holding it (its idf): the user's scope token too, in
-# every row of theirs. A named user's search ranks only the rows holding the question's
-# rarest words, as many as RANKED_ROWS of theirs (`rarest`, policies/ranking.py); where the
-# whole index holds that many of them at most, without the scope token (`_SQLITE_RANKED`:
-# every user's rows ranked, the user's kept by the join, before the limit). See `_named`.
-_RANKED = (
-    "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
-    "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
-    "WHERE messages_fts MATCH {query} AND m.tenant_id = :tenant AND m.user_id = :user "
-    "AND m.status = 'complete' "
-    "AND (CAST(:conversation AS INTEGER) IS NULL OR m.conversation_pk = :conversation) "
-    "ORDER BY bm25(messages_fts, 1.0, 0.0), m.pk LIMIT :limit"
-)
-_SQLITE_RANKED = text(_RANKED.format(query=":query"))
-# Two searches' best in one statement: the second's rows scored with more words (`_ranked`).
-_SQLITE_RANKED_TWICE = text(
-    f"SELECT * FROM ({_RANKED.format(query=':query')}) "
-    f"UNION ALL SELECT * FROM ({_RANKED.format(query=':also')})"
-)
 # PostgreSQL ranks a row by each of the question's words apart, weighted by bm25's idf over
 # the user's own rows (their counts: `message_words`, migration 0018), since `ts_rank` knows
 # nothing of how many rows hold a word: `ts_rank` of one word is its term frequency,
@@ -210,8 +181,8 @@ class MessageSearch:
             return self._postgresql(words, tenant_id, user_id, limit, conversation_pk)
         scope = scope_token(tenant_id, user_id)
         if conversation_pk is not None:
-            query = _sqlite_query(scope, words)
-            return self._hits(_SQLITE_RANKED, query, tenant_id, user_id, limit, conversation_pk)
+            query = fts5.scoped_query(scope, words)
+            return self._hits(fts5.RANKED, query, tenant_id, user_id, limit, conversation_pk)
         return self._named(scope, words, tenant_id, user_id, limit)
 
     def _named(
@@ -234,7 +205,9 @@ class MessageSearch:
             hits = self._ranked(chosen, others, narrow, tenant_id, user_id, limit)
             if len(hits) == limit:
                 return hits
-        return self._hits(_SQLITE, _sqlite_query(scope, list(own)), tenant_id, user_id, limit)
+        return self._hits(
+            fts5.WHOLE, fts5.scoped_query(scope, list(own)), tenant_id, user_id, limit
+        )
 
     def _ranked(
         self,
@@ -248,26 +221,29 @@ class MessageSearch:
         """The user's best `limit` rows of those that hold any of `words` (the user's alone,
         with their `scope` token), scored for `others` too where they hold them, as the whole
         search scores them."""
-        rare = _sqlite_text(words) if scope is None else _sqlite_query(scope, words)
+        rare = fts5.words_query(words) if scope is None else fts5.scoped_query(scope, words)
         if not others:
-            return self._hits(_SQLITE_RANKED, rare, tenant_id, user_id, limit)
+            return self._hits(fts5.RANKED, rare, tenant_id, user_id, limit)
         # A row's score in the first search counts `words` only: the rows holding any of
         # `others` too are scored again with every word (bm25 sums over the query's phrases,
         # each one's idf counted over the whole index, the scope token's weighing nothing:
         # what the whole search gives them). A row holding `words` only that ranks in the best
         # `limit` is in the first, with its whole score: no row scores less there.
         rows = self.conn.execute(
-            _SQLITE_RANKED_TWICE,
+            fts5.RANKED_TWICE,
             {
                 "query": rare,
-                "also": f"{rare} AND {_sqlite_text(others)}",
+                "also": f"{rare} AND {fts5.words_query(others)}",
                 "tenant": tenant_id,
                 "user": user_id,
                 "conversation": None,
                 "limit": limit,
             },
         )
-        best = {r.pk: Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows}
+        best: dict[int, Hit] = {}
+        for r in rows:  # (a row in both: its score with every word, the higher)
+            if r.pk not in best or r.score > best[r.pk].score:
+                best[r.pk] = Hit(r.pk, r.conversation_pk, r.seq, float(r.score))
         return sorted(best.values(), key=lambda h: (-h.score, h.pk))[:limit]
 
     def delete_user(self, tenant_id: str, user_id: str) -> None:
@@ -334,7 +310,7 @@ class MessageSearch:
         """How many rows of the index hold each of `words`: every user's (as bm25 counts them
         for each word of every search), and the user's (with their `scope` token)."""
         rows = self.conn.execute(
-            _counting(len(words)),
+            fts5.counting(len(words)),
             {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)}
             | {
                 f"s{i}": f'search_scope : "{scope}" AND search_text : "{w}"'
@@ -408,31 +384,6 @@ class MessageSearch:
             Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
-
-
-@lru_cache(maxsize=64)
-def _counting(words: int) -> TextClause:
-    """The statement counting the rows that hold each of `words` words (`:w0`... each one's
-    FTS5 query) and the user's that do (`:s0`...): rows of (word, the user's, count)."""
-    return text(
-        " UNION ALL ".join(
-            f"SELECT {i} AS i, {own} AS own, count(*) AS n FROM messages_fts "
-            f"WHERE messages_fts MATCH :{kind}{i}"
-            for i in range(words)
-            for own, kind in ((0, "w"), (1, "s"))
-        )
-    )
-
-
-def _sqlite_query(scope: str, words: Sequence[str]) -> str:
-    """An FTS5 query for the rows of one user (`scope_token`) that hold any of `words`."""
-    return f'search_scope : "{scope}" AND {_sqlite_text(words)}'
-
-
-def _sqlite_text(words: Sequence[str]) -> str:
-    """An FTS5 query for the rows (of every user) that hold any of `words`."""
-    either = " OR ".join(f'"{w}"' for w in words)
-    return f"search_text : ({either})"
 
 
 def _tsquery(lexemes: Sequence[str]) -> str:
