@@ -24,7 +24,9 @@ from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
 
+from policies.ranking import held_by_few, rarest
 from storage.models import CONVERSATIONS, MESSAGES
+from storage.repositories import fts5
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import utc
 
@@ -77,34 +79,6 @@ class Found:
     created_at: datetime
 
 
-# The query names the user's scope token, so only their postings are read and ranked; the
-# best are then checked against the real tenant and user (and conversation, for anonymous).
-_SQLITE = text(
-    "SELECT m.pk, m.conversation_pk, m.seq, f.score FROM ("
-    "SELECT rowid AS pk, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
-    "WHERE messages_fts MATCH :query ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
-    ") f JOIN messages m ON m.pk = f.pk "
-    "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
-    "ORDER BY f.score DESC"
-)
-# Most of a search's time on SQLite is bm25 computed for every matching row, and a word in a
-# large share of the index (a name the user says in every turn) makes most rows match while
-# adding little to any row's score. Such a word's rows are left out of the ranking when that
-# provably changes nothing (`_ranked_without_frequent`): a word is frequent in more than
-# FREQUENT_SHARE of the index's rows and at least FREQUENT_ROWS of them (below that, ranking
-# its rows costs little). On LoCoMo ten times over (27,600 messages), a third less search time.
-FREQUENT_SHARE = 0.1
-FREQUENT_ROWS = 1_000
-# FTS5's bm25 (k1 = 1.2): a word adds less than (k1 + 1) times its idf to a row's score.
-_BM25_MOST_PER_IDF = 2.2
-_INDEXED_ROWS_AT_MOST = text("SELECT coalesce(max(pk), 0) FROM messages")
-_SQLITE_IN_CONVERSATION = text(
-    "SELECT m.pk, m.conversation_pk, m.seq, -bm25(messages_fts, 1.0, 0.0) AS score "
-    "FROM messages_fts JOIN messages m ON m.pk = messages_fts.rowid "
-    "WHERE messages_fts MATCH :query AND m.tenant_id = :tenant AND m.user_id = :user "
-    "AND m.status = 'complete' AND m.conversation_pk = :conversation "
-    "ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
-)
 # PostgreSQL ranks a row by each of the question's words apart, weighted by bm25's idf over
 # the user's own rows (their counts: `message_words`, migration 0018), since `ts_rank` knows
 # nothing of how many rows hold a word: `ts_rank` of one word is its term frequency,
@@ -133,12 +107,10 @@ _CONVERSATION_WORDS = text(
     "AND tenant_id = :tenant AND user_id = :user AND search_text IS NOT NULL"
 )
 _ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
-# A PostgreSQL search ranks only the rows holding the question's rarest words, as many as
-# RANKED_ROWS together (`_rarest`), unless those make fewer hits than asked for: a row costs
-# a few microseconds to match and rank, and a user who says a name in every turn has
-# thousands of rows holding it. (SQLite leaves out the rows of frequent words only where
-# bm25's bound proves that changes nothing; the length normalisation leaves `ts_rank` no
-# bound worth having.)
+# A named user's search ranks only the rows holding the question's rarest words, as many as
+# RANKED_ROWS of theirs together (`rarest`, policies/ranking.py), unless those make fewer hits
+# than asked for: a row costs a few microseconds to match and rank, and a user who says a
+# name in every turn has thousands of rows holding it.
 RANKED_ROWS = 1_000
 
 
@@ -209,40 +181,70 @@ class MessageSearch:
             return self._postgresql(words, tenant_id, user_id, limit, conversation_pk)
         scope = scope_token(tenant_id, user_id)
         if conversation_pk is not None:
-            query = _sqlite_query(scope, words)
-            return self._hits(
-                _SQLITE_IN_CONVERSATION, query, tenant_id, user_id, limit, conversation_pk
-            )
-        found = self._ranked_without_frequent(scope, words, tenant_id, user_id, limit)
-        if found is not None:
-            return found
-        return self._hits(_SQLITE, _sqlite_query(scope, words), tenant_id, user_id, limit)
+            query = fts5.scoped_query(scope, words)
+            return self._hits(fts5.RANKED, query, tenant_id, user_id, limit, conversation_pk)
+        return self._named(scope, words, tenant_id, user_id, limit)
 
-    def _ranked_without_frequent(
+    def _named(
         self, scope: str, words: Sequence[str], tenant_id: str, user_id: str, limit: int
-    ) -> list[Hit] | None:
-        """The SQLite search ranking only the rows that hold a word that is not frequent
-        (`FREQUENT_SHARE`), the frequent words still scored where they occur: the same hits,
-        and faster, when the last of them scores more than a row holding only frequent words
-        could (bm25's bound, from the words' idf); None when that is not so, or there is no
-        word of each kind, and the whole search is needed."""
-        if len(words) < 2:
-            return None  # (no word of each kind: not worth counting)
-        holding = self._rows_holding(words)
-        indexed = self.conn.execute(_INDEXED_ROWS_AT_MOST).scalar_one()
-        cut = max(FREQUENT_ROWS, FREQUENT_SHARE * indexed)
-        frequent = [w for w in words if holding[w] > cut]
-        rare = [w for w in words if 0 < holding[w] <= cut]
-        if not frequent or not rare:
-            return None
-        scored = " OR ".join(f'search_text : "{w}"' for w in frequent)
-        query = f'{_sqlite_query(scope, rare)} AND ({scored} OR search_scope : "{scope}")'
-        hits = self._hits(_SQLITE, query, tenant_id, user_id, limit)
-        # An upper bound of what bm25 computes: more rows than it counts, fewer holding a word.
-        ceiling = sum(_BM25_MOST_PER_IDF * _idf(indexed, holding[w]) for w in frequent)
-        if len(hits) == limit and hits[-1].score > ceiling:
-            return hits
-        return None
+    ) -> list[Hit]:
+        """The SQLite search of a named user: the rows holding the `rarest` of their words
+        ranked, RANKED_ROWS of theirs at most, then the whole search if those make fewer hits
+        than `limit`; the rows of every user ranked instead of naming the user's scope token
+        wherever the index holds RANKED_ROWS of them at most."""
+        every, own = self._rows_holding(words, scope)
+        if not own:
+            return []
+        if held_by_few(every, list(own), RANKED_ROWS):
+            return self._ranked(list(own), [], None, tenant_id, user_id, limit)
+        chosen = rarest(own, RANKED_ROWS)
+        # (Rows that hold them fewer than `limit`: fewer hits than asked for, certainly.)
+        if len(chosen) < len(own) and not held_by_few(own, chosen, limit - 1):
+            others = [w for w in own if w not in chosen]
+            narrow = None if held_by_few(every, chosen, RANKED_ROWS) else scope
+            hits = self._ranked(chosen, others, narrow, tenant_id, user_id, limit)
+            if len(hits) == limit:
+                return hits
+        return self._hits(
+            fts5.WHOLE, fts5.scoped_query(scope, list(own)), tenant_id, user_id, limit
+        )
+
+    def _ranked(
+        self,
+        words: list[str],
+        others: list[str],
+        scope: str | None,
+        tenant_id: str,
+        user_id: str,
+        limit: int,
+    ) -> list[Hit]:
+        """The user's best `limit` rows of those that hold any of `words` (the user's alone,
+        with their `scope` token), scored for `others` too where they hold them, as the whole
+        search scores them."""
+        rare = fts5.words_query(words) if scope is None else fts5.scoped_query(scope, words)
+        if not others:
+            return self._hits(fts5.RANKED, rare, tenant_id, user_id, limit)
+        # A row's score in the first search counts `words` only: the rows holding any of
+        # `others` too are scored again with every word (bm25 sums over the query's phrases,
+        # each one's idf counted over the whole index, the scope token's weighing nothing:
+        # what the whole search gives them). A row holding `words` only that ranks in the best
+        # `limit` is in the first, with its whole score: no row scores less there.
+        rows = self.conn.execute(
+            fts5.RANKED_TWICE,
+            {
+                "query": rare,
+                "also": f"{rare} AND {fts5.words_query(others)}",
+                "tenant": tenant_id,
+                "user": user_id,
+                "conversation": None,
+                "limit": limit,
+            },
+        )
+        best: dict[int, Hit] = {}
+        for r in rows:  # (a row in both: its score with every word, the higher)
+            if r.pk not in best or r.score > best[r.pk].score:
+                best[r.pk] = Hit(r.pk, r.conversation_pk, r.seq, float(r.score))
+        return sorted(best.values(), key=lambda h: (-h.score, h.pk))[:limit]
 
     def delete_user(self, tenant_id: str, user_id: str) -> None:
         """PostgreSQL: the user's word counts, once their messages are deleted (their
@@ -260,7 +262,7 @@ class MessageSearch:
         conversation_pk: int | None,
     ) -> list[Hit]:
         """The PostgreSQL search: each word's `ts_rank` weighted by its idf over the user's
-        rows, the rows holding the `_rarest` words ranked first, the others only when those
+        rows, the rows holding the `rarest` words ranked first, the others only when those
         are not enough."""
         counting = _USER_WORDS if conversation_pk is None else _CONVERSATION_WORDS
         found = self.conn.execute(
@@ -291,9 +293,9 @@ class MessageSearch:
         for i, (word, weight) in enumerate(weights.items()):
             scope[f"q{i}"], scope[f"w{i}"] = _tsquery([word]), weight
         statement = _postgresql_ranked(len(weights))
-        rarest = _rarest(holding, RANKED_ROWS)
-        if len(rarest) < len(holding):
-            hits = self._scored(statement, {**scope, "match": _tsquery(rarest)})
+        chosen = rarest(holding, RANKED_ROWS)
+        if len(chosen) < len(holding):
+            hits = self._scored(statement, {**scope, "match": _tsquery(chosen)})
             if len(hits) == limit:
                 return hits
         return self._scored(statement, {**scope, "match": _tsquery(list(holding))})
@@ -302,20 +304,25 @@ class MessageSearch:
         rows = self.conn.execute(statement, parameters)
         return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
 
-    def _rows_holding(self, words: Sequence[str]) -> dict[str, int]:
-        """How many rows of the index (every user's) hold each of `words`, as bm25 counts
-        them (as it does for each word of every search)."""
-        statement = text(
-            " UNION ALL ".join(
-                f"SELECT {i} AS i, count(*) AS n FROM messages_fts WHERE messages_fts MATCH :w{i}"
-                for i in range(len(words))
-            )
-        )
+    def _rows_holding(
+        self, words: Sequence[str], scope: str
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """How many rows of the index hold each of `words`: every user's (as bm25 counts them
+        for each word of every search), and the user's (with their `scope` token)."""
         rows = self.conn.execute(
-            statement,
-            {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)},
+            fts5.counting(len(words)),
+            {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)}
+            | {
+                f"s{i}": f'search_scope : "{scope}" AND search_text : "{w}"'
+                for i, w in enumerate(words)
+            },
         )
-        return {words[i]: n for i, n in rows}
+        every: dict[str, int] = {}
+        own: dict[str, int] = {}
+        for i, theirs, n in rows:
+            if n > 0:
+                (own if theirs else every)[words[i]] = n
+        return every, own
 
     def _hits(
         self,
@@ -377,25 +384,6 @@ class MessageSearch:
             Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
-
-
-def _sqlite_query(scope: str, words: Sequence[str]) -> str:
-    """An FTS5 query for the rows of one user (`scope_token`) that hold any of `words`."""
-    either = " OR ".join(f'"{w}"' for w in words)
-    return f'search_scope : "{scope}" AND search_text : ({either})'
-
-
-def _rarest(holding: dict[str, int], most: int) -> list[str]:
-    """The rarest of the words (`holding`: how many rows hold each) held by `most` rows
-    together at most (the rarest one, however many hold it)."""
-    chosen: list[str] = []
-    total = 0
-    for word, n in sorted(holding.items(), key=lambda item: item[1]):
-        total += n
-        if chosen and total > most:
-            break
-        chosen.append(word)
-    return chosen
 
 
 def _tsquery(lexemes: Sequence[str]) -> str:

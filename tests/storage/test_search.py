@@ -278,42 +278,90 @@ def same(found: list[Hit], expected: list[Hit]) -> bool:
     return pks and [h.score for h in found] == pytest.approx([h.score for h in expected])
 
 
+def ranked_matches(ran: list[tuple[str, Any]]) -> list[str]:
+    """What each SQLite ranking statement among `ran` matched (its FTS5 query)."""
+    return [
+        str(p)
+        for statement, parameters in ran
+        if "bm25" in statement
+        for p in parameters
+        if "search_text :" in str(p)
+    ]
+
+
 @pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
-async def test_a_frequent_words_rows_are_left_unranked_only_when_the_hits_are_the_same(
+async def test_on_sqlite_only_the_rare_words_rows_are_ranked_with_every_words_score(
     db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # "zed" is in every message (a name said in every turn); a few also hold rarer words, and
-    # another user's rows count in the index too. What a search finds must not depend on
-    # whether the rows holding only "zed" were ranked (SQLite ranks every match: the cost).
-    turns = [msg("user", f"zed: plain turn number {i}") for i in range(40)]
-    turns += [msg("user", f"zed: the kayak trip {i}, kayak") for i in range(3)]
-    turns += [msg("assistant", "zed: a glacier walk"), msg("user", "zed zed zed zed")]
+    # "zed" is in most messages (a name said in every turn); five also hold rarer words (six
+    # times), and another user's rows hold them too (they count in the index, never found).
+    turns = [msg("user", f"zed: plain turn number {i}") for i in range(20)]
+    turns += [msg("user", f"zed: the kayak trip {i}, kayak") for i in range(2)]
+    turns += [msg("user", "a kayak"), msg("assistant", "zed: a glacier walk")]
+    turns += [msg("user", "zed zed zed zed"), msg("user", "kayak by the glacier")]
     await new_conversation(db, "c1", turns)
-    await new_conversation(db, "c2", [msg("user", "zed and a kayak")], user="bob")
-    monkeypatch.setattr(search_module, "FREQUENT_ROWS", 10**9)  # every row ranked
-    everything = {n: await search(db, ["zed", "kayak", "glacier"], limit=n) for n in (3, 6)}
-    assert [len(hits) for hits in everything.values()] == [3, 6]  # 6 holds a "zed"-only row
-    monkeypatch.setattr(search_module, "FREQUENT_ROWS", 10)
+    await new_conversation(db, "c2", [msg("user", "zed and a kayak glacier")] * 2, user="bob")
+    terms = ["zed", "kayak", "glacier"]
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 10**6)  # every row ranked at once
+    everything = {n: await search(db, terms, limit=n) for n in (4, 6, 7)}
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 10)  # "kayak" and "glacier": 10 rows
+    scope = search_module.scope_token("t1", "alice")
+    whole = f'search_scope : "{scope}" AND search_text : ("zed" OR "kayak" OR "glacier")'
 
-    async def searched(limit: int) -> tuple[list[Hit], list[str]]:
-        statements: list[str] = []
-
-        def work(conn: Connection) -> list[Hit]:
+    async def found(limit: int) -> tuple[list[Hit], list[str]]:
+        def work(conn: Connection) -> tuple[list[Hit], list[str]]:
             with executed(conn) as ran:
-                hits = MessageSearch(conn).search(
-                    "t1", "alice", ["zed", "kayak", "glacier"], limit=limit
-                )
-            statements.extend(p for _, ps in ran for p in ps if str(p).startswith("search_scope"))
-            return hits
+                hits = MessageSearch(conn).search("t1", "alice", terms, limit=limit)
+            return hits, ranked_matches(ran)
 
-        return await db.read(work), statements
+        return await db.read(work)
 
-    hits, queries = await searched(3)  # the best three hold "kayak": "zed" alone scores less
-    assert same(hits, everything[3]) and len(queries) == 1
-    assert 'search_text : ("kayak" OR "glacier")' in queries[0]
-    hits, queries = await searched(6)  # the sixth is a "zed"-only row: the whole search
-    assert same(hits, everything[6]) and len(queries) == 2
-    assert 'search_text : ("zed" OR "kayak" OR "glacier")' in queries[1]
+    # The best four hold a rare word, each scored with "zed" too where it holds it: the same
+    # hits, with the same scores, as when every row is ranked; none of bob's.
+    hits, matched = await found(4)
+    assert same(hits, everything[4])
+    rare = 'search_text : ("glacier" OR "kayak")'  # (the rarest first; no scope token)
+    assert matched == [rare, f'{rare} AND search_text : ("zed")']
+    texts = await found_texts(db, terms, limit=4)
+    assert all("kayak" in t or "glacier" in t for t in texts) and "zed zed zed zed" not in texts
+    # Five of alice's rows hold the rare words: six hits need the whole search too...
+    hits, matched = await found(6)
+    assert same(hits, everything[6]) and matched == [
+        rare,
+        f'{rare} AND search_text : ("zed")',
+        whole,
+    ]
+    # ...and seven, more than they are counted in, the whole search at once.
+    hits, matched = await found(7)
+    assert same(hits, everything[7]) and matched == [whole]
+    # The index holds more rows of the rare words than the bound (bob's): the user's scope
+    # token narrows them, and the hits are the same.
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 7)
+    hits, matched = await found(4)
+    assert same(hits, everything[4]) and len(matched) == 2
+    assert all(m.startswith(f'search_scope : "{scope}" AND ') for m in matched)
+    assert matched[1].endswith('AND search_text : ("zed")')
+
+
+@pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
+async def test_on_sqlite_a_rare_word_outranks_rows_of_common_words_said_more_often(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bounded search still finds the best hits for a rare word: the rows holding it,
+    # before any row of the common word alone (said three times in each).
+    turns = [msg("user", f"weather report {i}: weather weather") for i in range(30)]
+    turns += [msg("user", "the heron flew"), msg("assistant", "heron and weather today")]
+    await new_conversation(db, "c1", turns)
+    others = [msg("user", f"nothing of note {i}") for i in range(100)]
+    await new_conversation(db, "c2", others, user="bob")
+    words = ["weather", "heron"]
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 5)
+    assert await found_texts(db, words, limit=2) == ["heron and weather today", "the heron flew"]
+    bounded = {n: await search(db, words, limit=n) for n in (2, 5)}
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 10**6)  # every row ranked at once
+    assert same(bounded[2], await search(db, words, limit=2))
+    # Fewer rows hold it than asked for: the rows of the common word follow.
+    assert same(bounded[5], await search(db, words, limit=5))
 
 
 async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
