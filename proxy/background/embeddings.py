@@ -165,6 +165,11 @@ class LocalEmbedder:
                 vectors = model.encode(texts)
         return vectors.tolist()  # type: ignore[no-any-return]
 
+    def _loaded_or_not(self, work: asyncio.Future[list[list[float]]]) -> None:
+        failure = None if work.cancelled() else work.exception()
+        if isinstance(failure, local_model.LocalModelUnavailable):
+            self._unavailable(failure)
+
     async def check(self) -> None:
         """Whether the model can be loaded (without loading it); raises
         `LocalModelUnavailable` when it cannot be."""
@@ -172,10 +177,12 @@ class LocalEmbedder:
 
     async def embed(self, texts: Sequence[str]) -> Embedded:
         batch = [t[:EMBED_CHARS] for t in texts]
+        work = asyncio.ensure_future(asyncio.to_thread(self._encode, batch))
+        # (told even when the caller stopped waiting: a question's timeout while it loads)
+        work.add_done_callback(self._loaded_or_not)
         try:
-            return Embedded(await asyncio.to_thread(self._encode, batch))
+            return Embedded(await asyncio.shield(work))
         except local_model.LocalModelUnavailable as exc:
-            self._unavailable(exc)
             raise EmbeddingError(f"the local embedding model could not be loaded ({exc})") from exc
         except Exception as exc:
             raise EmbeddingError(f"the local embedding model failed ({exc!r})") from exc
@@ -284,10 +291,10 @@ class Embeddings:
             found = Vector(embedder.model, values, embedded.usage)
         except TimeoutError:
             outcome, found = "timeout", None
-            # (the first question after start-up may wait for the model's load: it goes on
-            # loading, for the next one)
-            event = "query_embedding_while_model_loads" if loading else "query_embedding_timeout"
-            (log.info if loading else log.warning)(event, request_id=request_id, tenant=tenant_id)
+            if loading:  # (the first question after start-up: the load goes on, for the next)
+                log.info("query_embedding_while_model_loads", request_id=request_id)
+            else:
+                log.warning("query_embedding_timeout", request_id=request_id, tenant=tenant_id)
         except Exception as exc:  # an addition: whatever went wrong, recall goes on without
             outcome, found = "error", None
             log.warning(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from proxy.background.local_model import LocalModelUnavailable
 from proxy.core.config import MemorySettings, UpstreamConfig
 from proxy.upstream.echo import EchoUpstream
 from tests.conftest import make_config
+from tests.polling import eventually
 
 # sentence-transformers' own vectors for these texts (torch, normalize_embeddings=True), made
 # once in a separate virtualenv: tests/data/minilm_reference.json says with which versions.
@@ -37,6 +39,11 @@ class Logged:
 
     def error(self, event: str, **fields: Any) -> None:
         self.errors.append((event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        pass
+
+    warning = info
 
 
 @pytest.fixture
@@ -173,3 +180,40 @@ async def test_the_model_is_checked_at_start_and_loaded_by_the_first_embedding(
     assert local_model.loaded()
     assert vector is not None and vector.model == "local/all-MiniLM-L6-v2"
     assert len(vector.values) == local_model.DIMENSIONS and vector.usage is None
+
+
+async def test_a_load_that_fails_after_the_question_stopped_waiting_is_still_reported(
+    fresh: None,
+) -> None:
+    """The first question waits for the load at most its timeout; a load that fails after
+    that takes the tenants' embeddings away and is reported all the same."""
+    release = threading.Event()
+
+    class SlowlyRefused:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            release.wait(60)
+            raise LocalModelUnavailable("onnxruntime could not load it (as a test)")
+
+    settings = MemorySettings(embedding_timeout_ms=1)
+    config = make_config(UpstreamConfig(kind="echo"), memory=settings)
+    metrics, logged = Metrics(), Logged()
+    upstreams = {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "MiniLM", SlowlyRefused)
+        patch.setattr(embeddings_module, "log", logged)
+        embeddings = Embeddings(config, upstreams, metrics)
+        await embeddings.check_local()
+        assert embeddings.status() == "ok"
+        assert await embeddings.query("t1", "Where do I work?") is None  # not waited for
+        assert embeddings.status() == "ok"  # (still loading)
+        release.set()
+
+        async def reported() -> bool:
+            return embeddings.status() != "ok"
+
+        await eventually(reported, "the failed load reported")
+    status = embeddings.status()
+    assert status == "unavailable: onnxruntime could not load it (as a test)"
+    assert [event for event, _ in logged.errors] == ["local_embedding_model_unavailable"]
+    assert metrics.local_embeddings_up._value.get() == 0
+    assert embeddings.embedder("t1") is None
