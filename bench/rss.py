@@ -10,7 +10,9 @@ dir; its `echo` upstream answers, so no network), started on its own and measure
   conversation), once the embedding backlog (`memproxy_embedding_backlog`) is back to 0
   (`server.maintenance_seconds` is set to 1 so it is read often; nothing else differs).
 
-It also prints the p50 of a turn (time to the whole reply) and the peak RSS (VmHWM). With
+It also prints the time of the first turn (which builds the tokenizers and, with embeddings
+on, loads the model), the p50 of a turn after it (time to the whole reply) and the peak RSS
+(VmHWM). With
 `--baseline-rev REV` the same is measured for that revision (exported with `git archive`),
 variant by variant beside this checkout's.
 
@@ -163,13 +165,14 @@ def main() -> None:
                 print(name, json.dumps(results[name]), file=sys.stderr, flush=True)
     print(
         f"| target | RSS start MB | after first turn | after {args.turns} turns | peak | "
-        "turn p50 ms | backlog drained (s) |"
+        "first turn ms | turn p50 ms | backlog drained (s) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(
             f"| {name} | {r['start_mb']} | {r['first_turn_mb']} | {r['after_turns_mb']} | "
-            f"{r['peak_mb']} | {r['turn_p50_ms']} | {r['backlog_drained_s']} |"
+            f"{r['peak_mb']} | {r['first_turn_ms']} | {r['turn_p50_ms']} | "
+            f"{r['backlog_drained_s']} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
