@@ -21,7 +21,7 @@ from typing import cast
 
 from policies.chunks import counted_chunks
 from policies.tokens import count_text
-from proxy.accounting.costs import TOKENIZE_INLINE_CHARS
+from proxy.accounting.costs import TOKENIZE_INLINE_CHARS, ready_to_count
 from proxy.core.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
 
 PLAIN, MARKDOWN, HTML, PDF = "text/plain", "text/markdown", "text/html", "application/pdf"
@@ -120,6 +120,7 @@ async def index_text(text: str, *, max_tokens: int) -> IndexedText:
             raise _too_many_tokens(max_tokens, tokens)
         return IndexedText(text, tokens, counted_chunks(text))
 
+    await ready_to_count("")
     if len(text) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(work)
     return work()
