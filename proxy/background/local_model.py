@@ -8,7 +8,7 @@ onnxruntime, its WordPiece vocabulary read by `tokenizers` (docs/design/embeddin
 - A text is its first `MAX_TOKENS` word pieces (what the model was trained on), mean-pooled
   over its tokens and scaled to unit length, as sentence-transformers does.
 - Checked at start-up (`check`: its packages installed, its files the expected ones, nothing
-  held in memory) and loaded on the first embedding (`load`, about a second and 100-150 MB:
+  held in memory) and loaded on the first embedding (`load`, about half a second and 165 MB:
   a process whose tenants never embed a text never pays them). Loaded once per process,
   whatever number of tenants or reloads use it; a failure (of the check or of the load) is
   kept, so it is reported once and not retried on every call.
