@@ -8,7 +8,9 @@ dir; its `echo` upstream answers, so no network), started on its own and measure
 - first turn: after one chat completion of a named user (`demo` tenant);
 - after N turns: after `--turns` more (`--clients` at once, each user its own growing
   conversation), once the embedding backlog (`memproxy_embedding_backlog`) is back to 0
-  (`server.maintenance_seconds` is set to 1 so it is read often; nothing else differs).
+  (`server.maintenance_seconds` is set to 1 so it is read often; nothing else differs). The
+  backlog is sampled every second while the turns run: its largest and last size, and how
+  long it took to drain after them, say whether indexing keeps up.
 
 It also prints the time of the first turn (which builds the tokenizers and, with embeddings
 on, loads the model), the p50 of a turn after it (time to the whole reply) and the peak RSS
@@ -118,7 +120,19 @@ async def measure_server(pid: int, url: str, args: argparse.Namespace) -> dict[s
                 left -= 1
                 times.append(await turn(http, f"rss-{c}", left))
 
+        backlog: list[float] = []
+
+        async def sample() -> None:
+            while True:
+                found = BACKLOG.search((await http.get("/metrics")).text)
+                backlog.append(float(found.group(1)) if found else 0.0)
+                await asyncio.sleep(1.0)
+
+        sampler = asyncio.ensure_future(sample())
         await asyncio.gather(*(client(c) for c in range(args.clients)))
+        sampler.cancel()
+        figures["backlog_max"] = max(backlog, default=0.0)
+        figures["backlog_at_end"] = backlog[-1] if backlog else 0.0
         figures["turn_p50_ms"] = round(1000 * percentile(times, 0.5), 1)
         figures["backlog_drained_s"] = await backlog_drained(http, args.drain_seconds)
         figures["after_turns_mb"] = status(pid, "VmRSS")
@@ -165,14 +179,14 @@ def main() -> None:
                 print(name, json.dumps(results[name]), file=sys.stderr, flush=True)
     print(
         f"| target | RSS start MB | after first turn | after {args.turns} turns | peak | "
-        "first turn ms | turn p50 ms | backlog drained (s) |"
+        "first turn ms | turn p50 ms | backlog max / at the end | then drained in (s) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(
             f"| {name} | {r['start_mb']} | {r['first_turn_mb']} | {r['after_turns_mb']} | "
             f"{r['peak_mb']} | {r['first_turn_ms']} | {r['turn_p50_ms']} | "
-            f"{r['backlog_drained_s']} |"
+            f"{r['backlog_max']:.0f} / {r['backlog_at_end']:.0f} | {r['backlog_drained_s']} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
