@@ -1,4 +1,10 @@
-"""Token counting with tiktoken, picking the encoding for the model's family."""
+"""Token counting with tiktoken, picking the encoding for the model's family.
+
+An encoding is built the first time a count needs it, not at import or start-up: building
+one takes about a second and holds 40 MB (cl100k_base) or 70 MB (o200k_base) for good, and a
+process may never need one of them. Callers on an event loop build them in a worker thread
+first (`encodings_built`, `build_encodings`).
+"""
 
 from __future__ import annotations
 
@@ -21,13 +27,31 @@ def encoding_name(model: str) -> str:
     return "cl100k_base"
 
 
-@lru_cache(maxsize=4)
+# The encodings built so far, by name (tiktoken's own registry keeps them too).
+_built: dict[str, tiktoken.Encoding] = {}
+
+
 def _encoding(name: str) -> tiktoken.Encoding:
-    return tiktoken.get_encoding(name)
+    found = _built.get(name)
+    if found is None:
+        found = _built[name] = tiktoken.get_encoding(name)  # (thread-safe: tiktoken locks)
+    return found
 
 
-def warm_up_tokenizers() -> None:
-    for name in ("cl100k_base", "o200k_base"):
+def _needed(model: str) -> set[str]:
+    """The encodings counting for `model` uses: its own, and the default one that budgets
+    and stored texts are counted with (`count_text(text)`)."""
+    return {encoding_name(model), encoding_name("")}
+
+
+def encodings_built(model: str = "") -> bool:
+    """Whether counting for `model` can start at once (no encoding left to build)."""
+    return _needed(model) <= _built.keys()
+
+
+def build_encodings(model: str = "") -> None:
+    """Build the encodings counting for `model` uses, if not built yet (about a second each)."""
+    for name in _needed(model):
         _encoding(name)
 
 

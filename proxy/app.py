@@ -18,7 +18,6 @@ from policies.extraction import JOB_KIND as EXTRACTION
 from policies.jobs import RetryPolicy
 from policies.public_ids import PUBLIC_IDS, PublicIds
 from policies.summaries import JOB_KIND as SUMMARIZE
-from policies.tokens import warm_up_tokenizers
 from policies.vectors import EMBED_JOB_KIND as EMBED
 from policies.vectors import EMBED_MEMORIES_KIND, EMBED_PASSAGES_KIND
 from proxy.accounting.catalog import ModelCatalog
@@ -149,8 +148,9 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         if config.server.log_content:
             log.warning("log_content_on", detail="message content is logged (server.log_content)")
-        # Load the tokenizers and the model map now, not on the first request.
-        await asyncio.to_thread(warm_up_tokenizers)
+        # The model map now, not on the first request. (The tokenizers and the local embedding
+        # model are built when first needed, in worker threads: policies/tokens.py,
+        # proxy/background/local_model.py.)
         catalog = await asyncio.to_thread(ModelCatalog.load)
         if not migrated:
             await asyncio.to_thread(migrate_database, config)

@@ -106,7 +106,7 @@ async def configure(
         if vectors is None:
             max_bytes = config.server.embedding_cache_mb * 2**20
             vectors = VectorIndex(max_bytes=max_bytes)
-        await embeddings.warm_up()
+        await embeddings.check_local()
     return Configured(
         config=config,
         keys=KeyRing(config),

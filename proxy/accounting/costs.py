@@ -9,7 +9,13 @@ from decimal import Decimal
 from typing import Any
 
 from policies.pricing import ZERO, PriceBook, Usage, format_usd, parse_usage
-from policies.tokens import count_messages, count_text, message_text
+from policies.tokens import (
+    build_encodings,
+    count_messages,
+    count_text,
+    encodings_built,
+    message_text,
+)
 
 # Texts longer than this are tokenized in a worker thread, off the event loop.
 TOKENIZE_INLINE_CHARS = 16_000
@@ -91,8 +97,16 @@ def nothing_billed() -> Bill:
     return Bill(Usage(0, 0), ZERO)
 
 
+async def ready_to_count(model: str) -> None:
+    """Build the tokenizers counting for `model` uses, the first time, in a worker thread:
+    building one takes about a second, which the event loop must not wait through."""
+    if not encodings_built(model):
+        await asyncio.to_thread(build_encodings, model)
+
+
 async def count_prompt(messages: list[dict[str, Any]], model: str) -> int:
     """Prompt tokens of `messages` with tiktoken; long prompts in a worker thread."""
+    await ready_to_count(model)
     if sum(len(message_text(m)) for m in messages) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(count_messages, messages, model)
     return count_messages(messages, model)
@@ -101,6 +115,7 @@ async def count_prompt(messages: list[dict[str, Any]], model: str) -> int:
 async def count_reply(reply: dict[str, Any] | None, model: str) -> int:
     """Completion tokens of a reply: its text, without the chat format's framing."""
     text = message_text(reply) if reply else ""
+    await ready_to_count(model)
     if len(text) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(count_text, text, model)
     return count_text(text, model)

@@ -191,8 +191,9 @@ class Metrics:
         )
         self.local_embeddings_up = Gauge(
             "memproxy_local_embeddings_up",
-            "1 when the local embedding model is loaded; 0 when it could not be (its tenants "
-            "recall by keywords alone; the log and /readyz say why) or no tenant uses it.",
+            "1 when the local embedding model can be used (its files checked at start-up; it is "
+            "loaded by the first embedding); 0 when it could not be checked or loaded (its "
+            "tenants recall by keywords alone; the log and /readyz say why) or no tenant uses it.",
             registry=r,
         )
         self.summary_cache = Counter(

@@ -5,9 +5,10 @@
   upstream's base URL and key; the built-in echo upstream answers with deterministic
   hashed-bag-of-words vectors, so the default install works with embeddings on.
 - `local` (the default): all-MiniLM-L6-v2 in this process on onnxruntime, no torch
-  (proxy/background/local_model.py). Loaded at start-up; if it cannot be (no wheel for the
-  platform, a corrupt file), memproxy starts all the same, logs it once, and those tenants
-  recall by keywords (`status`, shown by /readyz and /metrics).
+  (proxy/background/local_model.py). Its files are checked at start-up and it is loaded on
+  the first embedding (in a worker thread); if it cannot be (no wheel for the platform, a
+  corrupt file, onnxruntime refusing it), memproxy starts, or goes on, all the same, logs it
+  once, and those tenants recall by keywords (`status`, shown by /readyz and /metrics).
 
 An upstream that cannot serve embeddings is a `ConfigError` at start-up (`check_embeddings`).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -144,14 +145,16 @@ class UpstreamEmbedder:
 
 class LocalEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions) in this process (proxy/background/local_model.py):
-    loaded at start-up (`warm_up`), run in a worker thread so the event loop never waits on
-    it. Background batches run one at a time (the model uses every core it gets); a question
-    (one text, on the request path) never waits behind them."""
+    checked at start-up (`check`), loaded on its first embedding and run in a worker thread,
+    so the event loop never waits on either. Background batches run one at a time (the model
+    uses every core it gets); a question (one text, on the request path) never waits behind
+    them. A model that cannot be loaded is told to `unavailable` (on the event loop)."""
 
     model = LOCAL_MODEL_NAME
 
-    def __init__(self) -> None:
+    def __init__(self, unavailable: Callable[[local_model.LocalModelUnavailable], None]) -> None:
         self._run_lock = threading.Lock()
+        self._unavailable = unavailable
 
     def _encode(self, texts: list[str]) -> list[list[float]]:
         model = local_model.load()
@@ -162,14 +165,25 @@ class LocalEmbedder:
                 vectors = model.encode(texts)
         return vectors.tolist()  # type: ignore[no-any-return]
 
-    async def warm_up(self) -> None:
-        """Load the model now; raises `LocalModelUnavailable` when it cannot be."""
-        await asyncio.to_thread(local_model.load)
+    def _loaded_or_not(self, work: asyncio.Future[list[list[float]]]) -> None:
+        failure = None if work.cancelled() else work.exception()
+        if isinstance(failure, local_model.LocalModelUnavailable):
+            self._unavailable(failure)
+
+    async def check(self) -> None:
+        """Whether the model can be loaded (without loading it); raises
+        `LocalModelUnavailable` when it cannot be."""
+        await asyncio.to_thread(local_model.check)
 
     async def embed(self, texts: Sequence[str]) -> Embedded:
         batch = [t[:EMBED_CHARS] for t in texts]
+        work = asyncio.ensure_future(asyncio.to_thread(self._encode, batch))
+        # (told even when the caller stopped waiting: a question's timeout while it loads)
+        work.add_done_callback(self._loaded_or_not)
         try:
-            return Embedded(await asyncio.to_thread(self._encode, batch))
+            return Embedded(await asyncio.shield(work))
+        except local_model.LocalModelUnavailable as exc:
+            raise EmbeddingError(f"the local embedding model could not be loaded ({exc})") from exc
         except Exception as exc:
             raise EmbeddingError(f"the local embedding model failed ({exc!r})") from exc
 
@@ -206,7 +220,7 @@ class Embeddings:
                 continue
             self.settings[name] = settings
             if settings.embeddings == "local":
-                local = local or LocalEmbedder()
+                local = local or LocalEmbedder(self._local_unavailable)
                 self._embedders[name] = local
             else:
                 upstream = upstreams[settings.embedding_upstream or tenant.upstream]
@@ -225,28 +239,37 @@ class Embeddings:
         anonymous user's turns are not: it gets no cross-conversation recall."""
         return tenant_id in self._embedders and mode == "full" and user_id != anonymous
 
-    async def warm_up(self) -> None:
-        """Load the local model now rather than on a first request. If it cannot be loaded,
-        its tenants recall by keywords alone: logged once per process, and `status` (so
-        /readyz and /metrics) says why."""
+    async def check_local(self) -> None:
+        """At start-up (and a reload): whether the local model can be loaded, known without
+        loading it (that waits for its first embedding, `LocalEmbedder`)."""
         if self.local is None:
             return
         try:
-            await self.local.warm_up()
+            await self.local.check()
         except local_model.LocalModelUnavailable as exc:
-            self.unavailable = str(exc)
-            for name in [n for n, e in self._embedders.items() if e is self.local]:
-                del self._embedders[name]
-            if not local_model.reported(exc):
-                log.error(
-                    "local_embedding_model_unavailable",
-                    reason=self.unavailable,
-                    detail="recall goes on by keywords alone",
-                )
-        self.metrics.local_embeddings_up.set(0 if self.unavailable else 1)
+            self._local_unavailable(exc)
+        else:
+            self.metrics.local_embeddings_up.set(1)
+
+    def _local_unavailable(self, failure: local_model.LocalModelUnavailable) -> None:
+        """The local model cannot be had (found at start-up, or when its first embedding
+        loaded it): its tenants recall by keywords alone from now on (their embedders gone,
+        so nothing more is queued for them), logged once per process, and `status` (so
+        /readyz and /metrics) says why."""
+        self.unavailable = str(failure)
+        for name in [n for n, e in self._embedders.items() if e is self.local]:
+            del self._embedders[name]
+        if not local_model.reported(failure):
+            log.error(
+                "local_embedding_model_unavailable",
+                reason=self.unavailable,
+                detail="recall goes on by keywords alone",
+            )
+        self.metrics.local_embeddings_up.set(0)
 
     def status(self) -> str | None:
-        """The local model's state, for /readyz: None when no tenant uses it."""
+        """The local model's state, for /readyz: None when no tenant uses it; `ok` when it can
+        be used (loaded, or to be loaded by the first embedding)."""
         if self.local is None:
             return None
         return f"unavailable: {self.unavailable}" if self.unavailable else "ok"
@@ -259,6 +282,7 @@ class Embeddings:
         if embedder is None or not text.strip():
             return None
         timeout = self.settings[tenant_id].embedding_timeout_ms / 1000
+        loading = embedder is self.local and not local_model.loaded()
         try:
             async with asyncio.timeout(timeout):
                 embedded = await embedder.embed([text])
@@ -267,7 +291,10 @@ class Embeddings:
             found = Vector(embedder.model, values, embedded.usage)
         except TimeoutError:
             outcome, found = "timeout", None
-            log.warning("query_embedding_timeout", request_id=request_id, tenant=tenant_id)
+            if loading:  # (the first question after start-up: the load goes on, for the next)
+                log.info("query_embedding_while_model_loads", request_id=request_id)
+            else:
+                log.warning("query_embedding_timeout", request_id=request_id, tenant=tenant_id)
         except Exception as exc:  # an addition: whatever went wrong, recall goes on without
             outcome, found = "error", None
             log.warning(

@@ -7,13 +7,17 @@ onnxruntime, its WordPiece vocabulary read by `tokenizers` (docs/design/embeddin
   is refused, never run. Nothing is fetched at run time.
 - A text is its first `MAX_TOKENS` word pieces (what the model was trained on), mean-pooled
   over its tokens and scaled to unit length, as sentence-transformers does.
-- Loaded once per process (`load`), whatever number of tenants or reloads use it; a failure
-  is kept, so it is reported once and not retried on every call.
+- Checked at start-up (`check`: its packages installed, its files the expected ones, nothing
+  held in memory) and loaded on the first embedding (`load`, about half a second and 165 MB:
+  a process whose tenants never embed a text never pays them). Loaded once per process,
+  whatever number of tenants or reloads use it; a failure (of the check or of the load) is
+  kept, so it is reported once and not retried on every call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -139,6 +143,41 @@ _loaded: MiniLM | None = None
 _failed: LocalModelUnavailable | None = None
 
 
+# What the model runs on: a platform without one of them has no local embeddings.
+PACKAGES = ("numpy", "onnxruntime", "tokenizers")
+
+
+def _files() -> tuple[Path, Path]:
+    """The model and its vocabulary, checked (their packages found, not imported)."""
+    for name in PACKAGES:
+        if importlib.util.find_spec(name) is None:
+            raise LocalModelUnavailable(f"{name} is not installed")
+    model = _checked(model_file(), MODEL_SHA256, "the model file")
+    return model, _checked(vocab_file(), VOCAB_SHA256, "the vocabulary")
+
+
+def check() -> None:
+    """Whether the model can be loaded, as far as can be known without loading it (a fraction
+    of a second, nothing kept in memory): raises `LocalModelUnavailable`, kept like a failed
+    load's, when its packages or files are missing or not the expected ones."""
+    global _failed
+    with _lock:
+        if _loaded is not None:
+            return
+        if _failed is not None:
+            raise _failed
+        try:
+            _files()
+        except LocalModelUnavailable as exc:
+            _failed = exc
+            raise
+
+
+def loaded() -> bool:
+    """Whether the model is in memory (the next embedding does not wait for its load)."""
+    return _loaded is not None
+
+
 def load() -> MiniLM:
     """The process's model, loaded (and its files checked) on the first call; raises
     `LocalModelUnavailable`, the same one on every call, when it cannot be."""
@@ -149,8 +188,7 @@ def load() -> MiniLM:
         if _failed is not None:
             raise _failed
         try:
-            model = _checked(model_file(), MODEL_SHA256, "the model file")
-            vocab = _checked(vocab_file(), VOCAB_SHA256, "the vocabulary")
+            model, vocab = _files()
             _loaded = MiniLM(model, vocab, threads=min(2, os.cpu_count() or 1))
         except LocalModelUnavailable as exc:
             _failed = exc

@@ -113,9 +113,6 @@ class VectorIndex:
         verify_seconds: float = VERIFY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        import numpy
-
-        self._np: Any = numpy
         self.max_bytes = max_bytes
         self.verify_seconds = verify_seconds
         self._clock = clock
@@ -123,6 +120,14 @@ class VectorIndex:
         self._bytes = 0
         self._lock = threading.Lock()
         self.loads = 0  # whole loads (tests and figures)
+
+    @property
+    def _np(self) -> Any:
+        """numpy, imported by the first search (10 MB a process that never searches by
+        meaning never holds)."""
+        import numpy
+
+        return numpy
 
     def nearest(
         self,

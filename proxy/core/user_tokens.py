@@ -6,20 +6,22 @@ sends it beside the tenant's key. Each tenant verifies with its own key material
 made for one tenant is refused by every other. PyJWT does the cryptography; this module pins
 what it is asked: the tenant's algorithms only (never `none`, and never an HMAC algorithm
 with a public key), `exp` and `sub` required, `nbf` and `iat` honoured with the leeway, and
-`aud`/`iss` when the tenant sets them.
+`aud`/`iss` when the tenant sets them. PyJWT is imported by the first tenant that verifies
+tokens (9 MB that a process without one never holds).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import jwt
+from typing import TYPE_CHECKING, Any
 
 from proxy.core.config import ConfigError
 from proxy.core.config_identity import IdentityConfig, user_id_problem
 from proxy.core.errors import AuthenticationFailed
+
+if TYPE_CHECKING:
+    import jwt
 
 REQUIRED_CLAIMS = ("exp", "sub")
 
@@ -35,6 +37,8 @@ class UserTokens:
     a `ConfigError` naming the key when they cannot be used."""
 
     def __init__(self, tenant: str, settings: IdentityConfig) -> None:
+        import jwt
+
         self.settings = settings
         self._where = f"tenants.{tenant}.identity"
         self._key: Any = None
@@ -70,6 +74,8 @@ class UserTokens:
 
     def user(self, token: str) -> str:
         """The user `token` names, verified; `InvalidUserToken` (401) saying why not."""
+        import jwt
+
         settings = self.settings
         try:
             key = self._key if self._jwks is None else self._jwk(token)
@@ -107,6 +113,8 @@ class UserTokens:
 
     def _jwk(self, token: str) -> Any:
         """The JWKS key the token's header names (`kid`); the only one when there is one."""
+        import jwt
+
         assert self._jwks is not None
         kid = jwt.get_unverified_header(token).get("kid")
         keys = self._jwks.keys

@@ -36,7 +36,7 @@ from policies.artifacts import (
 from policies.chunks import counted_chunks
 from policies.pricing import Usage
 from policies.recall import query_terms
-from proxy.accounting.costs import TOKENIZE_INLINE_CHARS, usage_or_estimate
+from proxy.accounting.costs import TOKENIZE_INLINE_CHARS, ready_to_count, usage_or_estimate
 from proxy.accounting.metrics import Metrics
 from proxy.background.embeddings import Embeddings
 from proxy.background.semantic_query import SemanticQuery
@@ -115,6 +115,7 @@ NOTHING_ATTACHED = Attached()
 
 async def chunked(text: str) -> list[tuple[str, int]]:
     """A document's passages and their token counts (a long one's off the event loop)."""
+    await ready_to_count("")
     if len(text) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(counted_chunks, text)
     return counted_chunks(text)

@@ -5,7 +5,8 @@ Plain text and Markdown are kept as they are (UTF-8); HTML becomes its visible t
 encoding found by BeautifulSoup's UnicodeDammit; scripts and styles dropped, blocks on lines of
 their own); PDF becomes the text
 of its pages (pypdf). Parsing a large PDF or HTML file, and tokenizing a large text, is CPU
-work: it runs in a worker thread, off the event loop.
+work: it runs in a worker thread, off the event loop. The parsers are imported by the first
+file that needs one (about 30 MB that a process with no documents never holds).
 """
 
 from __future__ import annotations
@@ -18,14 +19,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import cast
 
-from bs4 import UnicodeDammit
-from lxml import etree
-from pypdf import PdfReader
-from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
-
 from policies.chunks import counted_chunks
 from policies.tokens import count_text
-from proxy.accounting.costs import TOKENIZE_INLINE_CHARS
+from proxy.accounting.costs import TOKENIZE_INLINE_CHARS, ready_to_count
 from proxy.core.errors import BadRequest, PayloadTooLarge, Unprocessable, UnsupportedMediaType
 
 PLAIN, MARKDOWN, HTML, PDF = "text/plain", "text/markdown", "text/html", "application/pdf"
@@ -124,6 +120,7 @@ async def index_text(text: str, *, max_tokens: int) -> IndexedText:
             raise _too_many_tokens(max_tokens, tokens)
         return IndexedText(text, tokens, counted_chunks(text))
 
+    await ready_to_count("")
     if len(text) > TOKENIZE_INLINE_CHARS:
         return await asyncio.to_thread(work)
     return work()
@@ -158,6 +155,9 @@ def _utf8(data: bytes, param: str) -> str:
 
 def _html_text(data: bytes) -> str:
     """The visible text of an HTML document, blocks separated by blank lines."""
+    from bs4 import UnicodeDammit
+    from lxml import etree
+
     markup: str | None
     try:
         markup = data.decode("utf-8-sig")
@@ -215,6 +215,9 @@ class _VisibleText:
 
 def _pdf_text(data: bytes, max_chars: int) -> str:
     """The text of a PDF's pages, a blank line between pages."""
+    from pypdf import PdfReader
+    from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
+
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):

@@ -15,7 +15,7 @@ import structlog
 from litestar import Request, Response
 
 from policies.pricing import ZERO
-from proxy.accounting.costs import count_prompt, nothing_billed
+from proxy.accounting.costs import count_prompt, nothing_billed, ready_to_count
 from proxy.accounting.metrics import InFlight
 from proxy.core.access import CLIENT_CLOSED
 from proxy.core.auth import Principal
@@ -181,6 +181,7 @@ class TurnExchange:
         """Store the turn (per the memory mode), classify it and assemble what it gets."""
         req, trace = self.req, self.req.trace
         self.ledger.question = embed_question(req)
+        await ready_to_count(req.turn.model)  # (the first turn builds the tokenizers, off the loop)
         with trace.timed("load"):
             if is_heavy(len(req.turn.messages)):
                 # (waited for outside the storage timeout: a large turn waits its turn, and

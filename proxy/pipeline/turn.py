@@ -15,7 +15,7 @@ import structlog
 from policies.context import StoredTurn
 from policies.intent import Intent
 from policies.tokens import count_message, message_text
-from proxy.accounting.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill
+from proxy.accounting.costs import NO_BILL_FIELDS, TOKENIZE_INLINE_CHARS, Bill, ready_to_count
 from proxy.core.auth import ANONYMOUS as ANONYMOUS  # (where identity is decided)
 from storage.records import ConversationRecord, NewExchange, ResponseRecord
 
@@ -149,6 +149,7 @@ class TokenCounter:
         self._known: dict[int, int] = {}
 
     async def prepare(self, messages: list[dict[str, Any]]) -> TokenCounter:
+        await ready_to_count(self.model)
         if sum(len(message_text(m)) for m in messages) > TOKENIZE_INLINE_CHARS:
             counts = await asyncio.to_thread(
                 lambda: [count_message(m, self.model) for m in messages]

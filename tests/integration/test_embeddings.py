@@ -5,6 +5,7 @@ embeddings endpoint that fails or is slow leaves recall full-text only, never fa
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -381,3 +382,41 @@ async def test_an_embedding_job_whose_later_batch_fails_is_charged_the_batches_b
         assert "500" in job["last_error"]
         charged = [x for x in (await metrics(http)).splitlines() if x.startswith(tokens)]
         assert charged == [f"{tokens} 2.0"]
+
+
+async def test_the_questions_embedding_starts_before_its_turn_is_stored(
+    fake_upstream: tuple[FakeOpenAI, str], serve_proxy: Any, fake: FakeOpenAI
+) -> None:
+    """The question's embedding overlaps the turn's storage (which reads its conversation in
+    the same transaction): with the database held by another writer, the embeddings call is
+    made all the same, before the turn can be stored; recall waits for the vector only where
+    it uses it. (Embedded after storing, this turn would wait for storage until it degraded.)"""
+    base = start(fake_upstream, serve_proxy, "upstream", embedding_timeout_ms=60_000)
+    vector = {"object": "embedding", "index": 0, "embedding": [0.1, 0.2, 0.3]}
+    usage = {"prompt_tokens": 2, "total_tokens": 2}
+    fake.script.append(Reply(body={"object": "list", "data": [vector], "usage": usage}, hold=True))
+    writer = sqlite3.connect("memproxy.db", isolation_level=None)  # (the test's database)
+    writer.execute("BEGIN IMMEDIATE")  # storage waits for it (within its timeout)
+    try:
+        async with await client(base) as http:
+            chat = asyncio.ensure_future(
+                http.post(
+                    "/chat/completions",
+                    json={"model": MODEL, "messages": [{"role": "user", "content": "Hi there"}]},
+                    headers={"X-Memory-User-Id": "alice", "X-Memory-Conversation-Id": "overlap"},
+                )
+            )
+
+            async def asked() -> bool:
+                return any(r.path.endswith("/embeddings") for r in fake.requests)
+
+            await eventually(asked, "the embeddings call, while storage waits")
+            writer.execute("ROLLBACK")
+            fake.release.set()
+            response = await chat
+    finally:
+        writer.close()
+        fake.release.set()
+    assert response.status_code == 200, response.text
+    assert response.headers["x-memory-status"] == "ok"  # stored, not degraded
+    assert [r.path for r in fake.requests][:2] == ["/v1/embeddings", "/v1/chat/completions"]

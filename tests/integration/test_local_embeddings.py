@@ -154,3 +154,45 @@ async def test_without_the_model_memproxy_starts_and_recalls_by_keywords(
         assert section is not None and "Globex" in section
         listed = (await http.get("/memory/jobs", params={"kind": "embed_messages"})).json()
         assert listed["data"] == []  # nothing queued for a model that is not there
+
+
+@pytest.fixture
+def unloadable_model(tmp_path: Path) -> Iterator[None]:
+    """A model file that passes the start-up check (the expected checksum) but that
+    onnxruntime refuses: found out only when the first embedding loads it."""
+    junk = tmp_path / "model.onnx"
+    junk.write_bytes(b"not a model")
+    local_model.forget()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "model_file", lambda: junk)
+        patch.setattr(local_model, "MODEL_SHA256", local_model._sha256(junk))
+        yield
+    local_model.forget()
+
+
+async def test_a_model_that_fails_to_load_on_first_use_is_reported(
+    fake_upstream: tuple[FakeOpenAI, str],
+    serve_proxy: Any,
+    fake: FakeOpenAI,
+    unloadable_model: None,
+) -> None:
+    base = serve_proxy(config(fake_upstream[1]))
+    root = base.removesuffix("/v1")
+    async with client(base) as http:
+        # Ready without loading the model (that waits for the first embedding).
+        ready = await http.get(root + "/readyz")
+        assert ready.status_code == 200 and ready.json()["embeddings"] == "ok"
+        assert metric((await http.get(root + "/metrics")).text, "memproxy_local_embeddings_up") == 1
+        await say(http, FACT, "work")  # answered all the same; its question loads the model
+
+        async def reported() -> str:
+            embeddings: str = (await http.get(root + "/readyz")).json()["embeddings"]
+            return embeddings if embeddings != "ok" else ""
+
+        status = await eventually(reported, "the failed load in /readyz")
+        assert status.startswith("unavailable: onnxruntime could not load")
+        assert (await http.get(root + "/readyz")).status_code == 200  # reported, not judged
+        assert metric((await http.get(root + "/metrics")).text, "memproxy_local_embeddings_up") == 0
+        await say(http, "Which corporation employs me?", "new", mode="read")
+        section = recall_section(fake.chat_requests[-1])  # by keywords, as without the model
+        assert section is not None and "Globex" in section

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from proxy.background.local_model import LocalModelUnavailable
 from proxy.core.config import MemorySettings, UpstreamConfig
 from proxy.upstream.echo import EchoUpstream
 from tests.conftest import make_config
+from tests.polling import eventually
 
 # sentence-transformers' own vectors for these texts (torch, normalize_embeddings=True), made
 # once in a separate virtualenv: tests/data/minilm_reference.json says with which versions.
@@ -37,6 +39,11 @@ class Logged:
 
     def error(self, event: str, **fields: Any) -> None:
         self.errors.append((event, fields))
+
+    def info(self, event: str, **fields: Any) -> None:
+        pass
+
+    warning = info
 
 
 @pytest.fixture
@@ -129,9 +136,9 @@ async def test_embeddings_fall_back_to_keywords_when_the_model_is_unavailable(
         patch.setattr(embeddings_module, "log", logged)
         embeddings = Embeddings(config, upstreams, metrics)
         assert embeddings.wanted("t1", "alice", "full", "anonymous")
-        await embeddings.warm_up()
+        await embeddings.check_local()
         # A reload builds them again: the failure is not logged a second time.
-        await Embeddings(config, upstreams, metrics).warm_up()
+        await Embeddings(config, upstreams, metrics).check_local()
     ((event, fields),) = logged.errors
     assert event == "local_embedding_model_unavailable" and "gone.onnx" in fields["reason"]
     status = embeddings.status()
@@ -146,21 +153,67 @@ async def test_embeddings_fall_back_to_keywords_when_the_model_is_unavailable(
 async def test_a_local_embedder_that_fails_raises_an_embedding_error(
     tmp_path: Path, fresh: None
 ) -> None:
+    failures: list[LocalModelUnavailable] = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(local_model, "model_file", lambda: tmp_path / "gone.onnx")
-        with pytest.raises(EmbeddingError, match="the local embedding model failed"):
-            await LocalEmbedder().embed(["anything"])
+        with pytest.raises(EmbeddingError, match="the local embedding model could not be loaded"):
+            await LocalEmbedder(failures.append).embed(["anything"])
+    # (told to its owner, which takes its tenants' embeddings away and reports it)
+    assert len(failures) == 1 and "cannot be read" in str(failures[0])
 
 
-async def test_embeddings_report_a_loaded_model() -> None:
-    config = make_config(UpstreamConfig(kind="echo"), memory=MemorySettings())  # local: the default
+async def test_the_model_is_checked_at_start_and_loaded_by_the_first_embedding(
+    fresh: None,
+) -> None:
+    # local: the default; a timeout long enough for the load that the first question waits for
+    settings = MemorySettings(embedding_timeout_ms=60_000)
+    config = make_config(UpstreamConfig(kind="echo"), memory=settings)
     metrics = Metrics()
     embeddings = Embeddings(
         config, {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}, metrics
     )
-    await embeddings.warm_up()
+    await embeddings.check_local()
     assert embeddings.status() == "ok"
     assert metrics.local_embeddings_up._value.get() == 1
+    assert not local_model.loaded()  # ready, and nothing loaded yet
     vector = await embeddings.query("t1", "Where do I work?")
+    assert local_model.loaded()
     assert vector is not None and vector.model == "local/all-MiniLM-L6-v2"
     assert len(vector.values) == local_model.DIMENSIONS and vector.usage is None
+
+
+async def test_a_load_that_fails_after_the_question_stopped_waiting_is_still_reported(
+    fresh: None,
+) -> None:
+    """The first question waits for the load at most its timeout; a load that fails after
+    that takes the tenants' embeddings away and is reported all the same."""
+    release = threading.Event()
+
+    class SlowlyRefused:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            release.wait(60)
+            raise LocalModelUnavailable("onnxruntime could not load it (as a test)")
+
+    settings = MemorySettings(embedding_timeout_ms=1)
+    config = make_config(UpstreamConfig(kind="echo"), memory=settings)
+    metrics, logged = Metrics(), Logged()
+    upstreams = {"main": EchoUpstream("main", UpstreamConfig(kind="echo"))}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "MiniLM", SlowlyRefused)
+        patch.setattr(embeddings_module, "log", logged)
+        embeddings = Embeddings(config, upstreams, metrics)
+        await embeddings.check_local()
+        assert embeddings.status() == "ok"
+        assert await embeddings.query("t1", "Where do I work?") is None  # not waited for
+        assert embeddings.status() == "ok"  # (still loading)
+        release.set()
+
+        async def reported() -> bool:
+            return embeddings.status() != "ok"
+
+        await eventually(reported, "the failed load reported")
+    status = embeddings.status()
+    assert status == "unavailable: onnxruntime could not load it (as a test)"
+    assert [event for event, _ in logged.errors] == ["local_embedding_model_unavailable"]
+    assert metrics.local_embeddings_up._value.get() == 0
+    assert embeddings.embedder("t1") is None
