@@ -44,9 +44,10 @@ from typing import Any
 import httpx
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
 
-from overhead import (  # noqa: E402  (a script beside this one, not a package)
+from bench.overhead_bench.figures import percentile  # noqa: E402  (run as a script)
+from bench.overhead_bench.servers import (  # noqa: E402
     API_KEY,
     PREVIOUS,
     Server,
@@ -54,7 +55,6 @@ from overhead import (  # noqa: E402  (a script beside this one, not a package)
     free_port,
     memproxy_command,
     memproxy_config,
-    percentile,
     spawn,
     wait_ready,
 )
