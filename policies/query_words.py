@@ -23,11 +23,15 @@ class WordStems:
     pattern for every question. Each word's answer is kept: the texts ranked together share
     most of their words."""
 
-    __slots__ = ("_longest", "_seen", "_stems")
+    __slots__ = ("_longest", "_prefixes", "_seen", "_shortest", "_stems")
 
     def __init__(self, stems: set[str]) -> None:
         self._stems = stems
         self._longest = max(map(len, stems))
+        # A word that does not begin as some stem does cannot hold one: most words are
+        # dismissed by this one look-up.
+        self._shortest = min(map(len, stems))
+        self._prefixes = {s[: self._shortest] for s in stems}
         self._seen: dict[str, str | None] = {}
 
     def held(self, text: str) -> set[str]:
@@ -44,6 +48,8 @@ class WordStems:
 
     def _stem_of(self, word: str) -> str | None:
         """The longest stem `word` starts with, at most MORE_LETTERS letters shorter."""
+        if word[: self._shortest] not in self._prefixes:
+            return None  # (a word shorter than every stem too)
         for end in range(min(len(word), self._longest), len(word) - MORE_LETTERS - 1, -1):
             if end > 0 and word[:end] in self._stems:
                 return word[:end]

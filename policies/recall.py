@@ -105,9 +105,11 @@ def query_terms(text: str, limit: int = 24) -> list[str]:
     return list(seen)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Turn:
-    """A stored message as recall sees it."""
+    """A stored message as recall sees it (treated as read-only; not frozen, as recall builds
+    one per candidate on every turn, and a frozen dataclass's `__init__` costs five times as
+    much)."""
 
     pk: int
     conversation: str
@@ -278,12 +280,13 @@ def pack(excerpts: Sequence[Excerpt], budget_tokens: int) -> list[Excerpt]:
             overhead = 0  # it extends a run already there
         else:
             overhead = SEPARATOR_TOKENS
-        if excerpt.tokens + overhead > room:
+        tokens = excerpt.tokens
+        if tokens + overhead > room:
             continue
         for turn in excerpt.turns:
             chosen[(conversation, turn.seq)] = excerpt
         conversations.add(conversation)
-        room -= excerpt.tokens + overhead
+        room -= tokens + overhead
     runs: list[Excerpt] = []
     previous: tuple[str, int] | None = None
     for conversation, seq in sorted(chosen):
