@@ -36,11 +36,11 @@ from bench.overhead import (
     API_KEY,
     CHAT_PATH,
     free_port,
-    memproxy_command,
     memproxy_config,
     percentile,
     run_loop,
     spawn,
+    spawn_memproxy,
     wait_ready,
 )
 
@@ -238,18 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         config = workdir / "config.yaml"
         config.write_text(memproxy_config(fake.url, workdir))
-        proxy = spawn(
+        proxy = spawn_memproxy(
             "memproxy",
-            [
-                *memproxy_command(),
-                "serve",
-                f"--config={config}",
-                f"--port={proxy_port}",
-                "--log-level=warning",
-                "--log-format=json",
-            ],
-            proxy_port,
+            config,
             workdir,
+            port=proxy_port,
+            options=("--log-level=warning", "--log-format=json"),
         )
         try:
             wait_ready(fake)

@@ -49,10 +49,10 @@ from bench.overhead import (
     BENCH,
     Server,
     free_port,
-    memproxy_command,
     memproxy_config,
     percentile,
     spawn,
+    spawn_memproxy,
     wait_ready,
 )
 
@@ -284,11 +284,7 @@ def memproxies(
         config.write_text(memproxy_config(fake.url, home, url, storage_breaker=storage_breaker))
         servers = []
         for i in range(count):
-            port = free_port()
-            command = [*memproxy_command(), "serve", f"--config={config}", f"--port={port}"]
-            servers.append(
-                spawn(f"memproxy-{backend}-{i}", [*command, "--log-level=warning"], port, workdir)
-            )
+            servers.append(spawn_memproxy(f"memproxy-{backend}-{i}", config, workdir))
             wait_ready(servers[-1])  # one at a time: the first migrates
         try:
             yield servers, size

@@ -57,9 +57,9 @@ from bench.overhead_bench.servers import (
     Server,
     export_revision,
     free_port,
-    memproxy_command,
     memproxy_config,
     spawn,
+    spawn_memproxy,
     wait_ready,
 )
 from bench.overhead_bench.wire import CHAT_PATH
@@ -73,11 +73,11 @@ __all__ = [
     "export_revision",
     "free_port",
     "main",
-    "memproxy_command",
     "memproxy_config",
     "percentile",
     "run_loop",
     "spawn",
+    "spawn_memproxy",
     "wait_ready",
 ]
 

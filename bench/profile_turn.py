@@ -53,9 +53,9 @@ from bench.overhead_bench.servers import (  # noqa: E402
     Server,
     export_revision,
     free_port,
-    memproxy_command,
     memproxy_config,
     spawn,
+    spawn_memproxy,
     wait_ready,
 )
 
@@ -173,24 +173,13 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                 config.write_text(
                     memproxy_config(fake.url, home, embeddings=args.embeddings, trace=args.trace)
                 )
-                port = free_port()
-                command = (
-                    memproxy_command() if name != PREVIOUS else [sys.executable, "-m", "proxy.cli"]
-                )
                 started.append(
-                    spawn(
+                    spawn_memproxy(
                         name,
-                        [
-                            *command,
-                            "serve",
-                            f"--config={config}",
-                            f"--port={port}",
-                            "--log-level=warning",
-                            "--log-format=json",
-                        ],
-                        port,
+                        config,
                         logdir,
                         code[name],
+                        options=("--log-level=warning", "--log-format=json"),
                     )
                 )
             for server in started:

@@ -40,10 +40,8 @@ import httpx
 from bench.overhead import (
     ROOT,
     export_revision,
-    free_port,
-    memproxy_command,
     percentile,
-    spawn,
+    spawn_memproxy,
     wait_ready,
 )
 
@@ -146,9 +144,7 @@ def run_variant(
     home = Path(tempfile.mkdtemp(dir=workdir))
     config = home / "config.yaml"
     config.write_text(config_text(variant, home))
-    port = free_port()
-    command = [*memproxy_command(), "serve", f"--config={config}", f"--port={port}"]
-    server = spawn(f"memproxy-{variant}", [*command, "--log-level=warning"], port, home, code)
+    server = spawn_memproxy(f"memproxy-{variant}", config, home, code)
     try:
         wait_ready(server, timeout=120)
         return asyncio.run(measure_server(server.process.pid, server.url, args))

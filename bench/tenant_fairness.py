@@ -46,9 +46,9 @@ from bench.overhead import (
     Server,
     export_revision,
     free_port,
-    memproxy_command,
     percentile,
     spawn,
+    spawn_memproxy,
     wait_ready,
 )
 
@@ -87,9 +87,7 @@ def memproxy(name: str, fake: Server, workdir: Path, code: Path) -> Iterator[Ser
     home = workdir / name
     home.mkdir()
     (home / "config.yaml").write_text(config(fake.url, home))
-    port = free_port()
-    command = [*memproxy_command(), "serve", f"--config={home / 'config.yaml'}", f"--port={port}"]
-    server = spawn(name, [*command, "--log-level=warning"], port, workdir, code)
+    server = spawn_memproxy(name, home / "config.yaml", workdir, code)
     try:
         wait_ready(server, timeout=300)  # (a revision's tree compiles its modules first)
         yield server

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +116,24 @@ def memproxy_command() -> list[str]:
     script = Path(sys.executable).parent / "memproxy"
     found = str(script) if script.exists() else shutil.which("memproxy")
     return [found] if found else [sys.executable, "-m", "proxy.cli"]
+
+
+def spawn_memproxy(
+    name: str,
+    config: Path,
+    logdir: Path,
+    code: Path = ROOT,
+    *,
+    port: int | None = None,
+    options: Sequence[str] = ("--log-level=warning",),
+) -> Server:
+    """`memproxy serve` on `config`, on a free port unless given: the code of `code` (this
+    checkout, or an exported revision, run as `python -m proxy.cli` so that it is that tree's
+    whatever the installed script finds)."""
+    port = free_port() if port is None else port
+    command = memproxy_command() if code == ROOT else [sys.executable, "-m", "proxy.cli"]
+    serve = [*command, "serve", f"--config={config}", f"--port={port}", *options]
+    return spawn(name, serve, port, logdir, code)
 
 
 def memproxy_config(
@@ -291,23 +309,12 @@ def servers(args: argparse.Namespace) -> Iterator[dict[str, Server]]:
                         trace="off" if name == UNTRACED else None,
                     )
                 )
-                port = free_port()
-                command = (
-                    memproxy_command() if name != PREVIOUS else [sys.executable, "-m", "proxy.cli"]
-                )
-                options = [f"--config={config}", f"--port={port}"]
-                started[name] = spawn(
+                started[name] = spawn_memproxy(
                     name,
-                    [
-                        *command,
-                        "serve",
-                        *options,
-                        f"--log-level={args.memproxy_log_level}",
-                        "--log-format=json",
-                    ],
-                    port,
+                    config,
                     logdir,
                     code[name],
+                    options=(f"--log-level={args.memproxy_log_level}", "--log-format=json"),
                 )
             for server in started.values():
                 wait_ready(server, 180.0 if server.name == LITELLM else 60.0)
