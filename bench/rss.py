@@ -162,6 +162,9 @@ def main() -> None:
     parser.add_argument("--baseline-rev", help="also measure this revision, variant by variant")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:  # (else measured as the default config, under a name that says otherwise)
+        parser.error(f"--variants: {', '.join(sorted(unknown))} (known: {', '.join(VARIANTS)})")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="memproxy-rss-") as tmp:
         workdir = Path(tmp)
