@@ -8,6 +8,7 @@ first (`encodings_built`, `build_encodings`).
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -55,8 +56,36 @@ def build_encodings(model: str = "") -> None:
         _encoding(name)
 
 
+# Where a line begins with something other than a space: tiktoken's encodings (cl100k_base,
+# o200k_base) cut a text into pieces before they merge bytes into tokens, and no piece holds a
+# line break followed by anything but spaces (a piece ending in line breaks ends there). So a
+# text's count is the sum of its lines' counts, cut here: the lines of the sections memproxy
+# builds each turn (recall's excerpts, memories) come back turn after turn and are counted once
+# (`_count_line`). tests/unit/test_tokens.py checks the sum against whole counts.
+_LINE_STARTS = re.compile(r"(?<=\n)(?=\S)")
+# Lines counted are kept up to this many (of at most LINE_CHARS characters each: a few MB).
+COUNTED_LINES = 4096
+LINE_CHARS = 1000
+# A text shorter than this is counted whole: looking its lines up would cost more.
+SHORT_TEXT = 400
+
+
 def count_text(text: str, model: str = "") -> int:
-    return len(_encoding(encoding_name(model)).encode(text, disallowed_special=()))
+    name = encoding_name(model)
+    if len(text) < SHORT_TEXT or "\n" not in text:
+        return len(_encoding(name).encode(text, disallowed_special=()))
+    return sum(_count_line(name, line) for line in _LINE_STARTS.split(text))
+
+
+def _count_line(name: str, line: str) -> int:
+    if len(line) > LINE_CHARS:
+        return len(_encoding(name).encode(line, disallowed_special=()))
+    return _counted_line(name, line)
+
+
+@lru_cache(maxsize=COUNTED_LINES)
+def _counted_line(name: str, line: str) -> int:
+    return len(_encoding(name).encode(line, disallowed_special=()))
 
 
 def message_text(message: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,3 +40,59 @@ def test_fields_of_the_wrong_type_count_nothing_and_raise_nothing() -> None:
     for odd in (7, "xyz", {"a": 1}, [3, None, {"function": "f"}]):
         message = {"role": "assistant", "content": {"a": 1}, "tool_calls": odd}
         assert count_messages([message], "gpt-4") == plain
+
+
+# Texts built of what splits a text into tiktoken's pieces: line breaks, spaces and tabs
+# around them, punctuation before them, letters, digits, contractions, non-Latin letters.
+_PIECES = st.sampled_from(
+    [
+        "\n",
+        "\n\n",
+        "\r\n",
+        " ",
+        "  ",
+        "\t",
+        ".",
+        "!\n",
+        "?",
+        "'s",
+        "'ll",
+        " -",
+        "//",
+        "a",
+        "The",
+        " word",
+        "12",
+        "3456",
+        "é",
+        "日本",
+        "🙂",
+        "\u00a0",
+        "<|endoftext|>",
+        "x\n ",
+        " \n",
+        "\n- ",
+    ]
+)
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(st.lists(_PIECES, max_size=120), st.sampled_from(["gpt-4", "gpt-4o"]))
+def test_a_text_counted_line_by_line_counts_what_tiktoken_counts_whole(
+    pieces: list[str], model: str
+) -> None:
+    text = "".join(pieces) * 4  # (long enough to be counted by its lines)
+    whole = tiktoken.get_encoding(encoding_name(model)).encode(text, disallowed_special=())
+    assert count_text(text, model) == len(whole)
+    assert count_text(text, model) == len(whole)  # again, its lines counted already
+
+
+def test_a_section_counted_again_or_changed_counts_what_tiktoken_counts() -> None:
+    encoding = tiktoken.get_encoding("cl100k_base")
+    lines = [
+        f"- [2026-03-{d:02d}] user: we spoke of item {d}, and then some.\n" for d in range(1, 29)
+    ]
+    section = "Relevant earlier turns:\n" + "".join(lines) + "\n(end)"
+    changed = section.replace("item 7,", "item 7, a cat called Miso,")
+    assert [count_text(section), count_text(section)] == [len(encoding.encode(section))] * 2
+    assert count_text(changed) == len(encoding.encode(changed))
