@@ -77,6 +77,31 @@ def test_a_text_is_embedded_the_same_alone_or_in_a_batch() -> None:
     assert np.allclose(model.encode(texts), alone, atol=1e-5)  # padding changes nothing
 
 
+def test_a_batch_is_run_in_runs_of_similar_lengths_within_the_token_budget() -> None:
+    # Long texts padded to each other's length cost the model more than run one by one; short
+    # ones share a run's fixed cost. Every text is in one run, shortest first.
+    lengths = [250, 8, 8, 200, 30, 9, 60, 60, 2, 256, *([16] * 40)]
+    runs = local_model.batches(lengths)
+    assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+    flat = [lengths[i] for run in runs for i in run]
+    assert flat == sorted(lengths)
+    for run in runs:
+        assert len(run) == 1 or (
+            len(run) <= local_model.BATCH
+            and len(run) * max(lengths[i] for i in run) <= local_model.BATCH_TOKENS
+        )
+    assert [len(run) for run in runs if max(lengths[i] for i in run) >= 200] == [2, 1]
+    assert max(len(run) for run in runs) == local_model.BATCH  # the short ones together
+    assert local_model.batches([]) == []
+
+
+def test_texts_of_very_different_lengths_in_one_call_are_embedded_as_alone() -> None:
+    model = local_model.load()
+    texts = ["hi", "Where do I work?", "a long text about the garden " * 60, "", "x " * 40] * 3
+    alone = np.vstack([model.encode([t]) for t in texts])
+    assert np.allclose(model.encode(texts), alone, atol=1e-5)
+
+
 def test_meaning_without_shared_words() -> None:
     model = local_model.load()
     fact, question, other = model.encode(
