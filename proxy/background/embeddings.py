@@ -69,6 +69,10 @@ class Embedded:
 class Embedder(Protocol):
     # Stored beside each vector: vectors of different models are never compared.
     model: str
+    # Whether its calls are paid for (an upstream's): a call is charged to one exchange, so it
+    # embeds that exchange's messages only. One that is not (the local model) embeds a user's
+    # turns queued behind it in the same call (proxy/background/embedding_jobs.py).
+    billed: bool
 
     async def embed(self, texts: Sequence[str]) -> Embedded: ...
 
@@ -109,6 +113,8 @@ def _parse_embeddings(
 
 class UpstreamEmbedder:
     """OpenAI's `/v1/embeddings` through an upstream, in batches."""
+
+    billed = True
 
     def __init__(self, upstream: EmbeddingsUpstream, model: str) -> None:
         self.upstream, self.model = upstream, model
@@ -151,6 +157,7 @@ class LocalEmbedder:
     them. A model that cannot be loaded is told to `unavailable` (on the event loop)."""
 
     model = LOCAL_MODEL_NAME
+    billed = False
 
     def __init__(self, unavailable: Callable[[local_model.LocalModelUnavailable], None]) -> None:
         self._run_lock = threading.Lock()
