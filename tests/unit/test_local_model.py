@@ -4,6 +4,7 @@ an error of its own, kept, never a crash."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import threading
@@ -185,6 +186,35 @@ async def test_a_local_embedder_that_fails_raises_an_embedding_error(
             await LocalEmbedder(failures.append).embed(["anything"])
     # (told to its owner, which takes its tenants' embeddings away and reports it)
     assert len(failures) == 1 and "cannot be read" in str(failures[0])
+
+
+async def test_background_embeddings_run_one_at_a_time_and_a_question_beside_them() -> None:
+    """A background call of one text (a turn's reply) waits for the batch running, as a
+    larger one does; a question does not."""
+    release, entered = threading.Event(), []
+
+    class Model:
+        def encode(self, texts: list[str]) -> Any:
+            entered.append(texts[0])
+            if texts[0] == "batch":
+                release.wait(60)
+            return np.zeros((len(texts), local_model.DIMENSIONS), dtype=np.float32)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "load", Model)
+        embedder = LocalEmbedder(lambda failure: None)
+        batch = asyncio.ensure_future(embedder.embed(["batch", "of two"]))
+
+        async def running() -> bool:
+            return entered == ["batch"]
+
+        await eventually(running, "the batch running")
+        reply = asyncio.ensure_future(embedder.embed(["reply"]))
+        await embedder.embed(["question"], question=True)  # beside the batch
+        assert entered == ["batch", "question"]  # the reply still waits
+        release.set()
+        await asyncio.gather(batch, reply)
+    assert entered == ["batch", "question", "reply"]
 
 
 async def test_the_model_is_checked_at_start_and_loaded_by_the_first_embedding(
