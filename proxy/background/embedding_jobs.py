@@ -106,7 +106,29 @@ class MessageEmbedder(ItemEmbedder):
                     after_pk=max(m.pk for m in found),
                     limit=room,
                 )
-        return [Pending(m.pk, m.seq, m.text, group=m.conversation_pk) for m in found]
+        return [
+            Pending(m.pk, m.seq, m.text, group=m.conversation_pk, source=m.exchange_id or "")
+            for m in found
+        ]
+
+    def settle_others(
+        self, conn: Connection, job: JobRecord, pending: Sequence[Pending]
+    ) -> dict[str, Any]:
+        # The turns queued behind it whose messages it embedded: their jobs end with it, never
+        # claimed (each would only find its turn done). Not the last one taken when the chunk
+        # was full: some of its messages may be left.
+        others = [p.source for p in pending if p.source and p.source != job.ref]
+        if len(pending) == self.chunk - 1 and others:
+            last = others[-1]
+            others = [o for o in others if o != last]
+        done = Jobs(conn).finish_queued(
+            job.tenant_id,
+            job.kind,
+            set(others),
+            now=_now(),
+            result={"embedded": 0, "embedded_by": job.ref},
+        )
+        return {"turns_queued_behind": done} if done else {}
 
     def _unbilled(self, job: JobRecord) -> bool:
         embedder = self.embeddings.embedder(job.tenant_id)

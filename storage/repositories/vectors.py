@@ -32,6 +32,7 @@ class Unembedded:
     conversation_pk: int
     seq: int
     text: str
+    exchange_id: str | None = None  # the turn that stored it (None: imported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +182,7 @@ class MessageVectors(UserVectors):
         not running), oldest first."""
         J = JOBS
         query = (
-            select(M.c.pk, M.c.conversation_pk, M.c.seq, M.c.search_text)
+            select(M.c.pk, M.c.conversation_pk, M.c.seq, M.c.search_text, M.c.exchange_id)
             .where(
                 M.c.tenant_id == tenant_id,
                 M.c.user_id == user_id,
@@ -200,7 +201,9 @@ class MessageVectors(UserVectors):
             .limit(limit)
         )
         rows = self.conn.execute(query)
-        return [Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text) for r in rows]
+        return [
+            Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text, r.exchange_id) for r in rows
+        ]
 
     def backlog(self, tenant_id: str, model: str, *, except_user: str) -> list[Backlog]:
         """The tenant's conversations with searchable messages not embedded by `model` (of

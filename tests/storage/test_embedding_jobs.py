@@ -118,16 +118,32 @@ async def test_a_turns_job_embeds_the_turns_queued_behind_it_in_one_call(
     assert (await jobs_of(db))[first.request_id].result == {
         "model": LOCAL_MODEL_NAME,
         "embedded": 8,
+        "turns_queued_behind": 3,
     }
-    # The others' jobs run, find their turns done, and embed nothing again.
-    while await jobs.run_once():
-        pass
+    # The others' jobs ended with it: never run, nothing embedded again.
+    assert await jobs.run_once() == 0
     assert calls == [8]
     queued = await jobs_of(db)
-    assert [queued[t.request_id].result for t in rest] == [
-        {"model": LOCAL_MODEL_NAME, "embedded": 0}
+    assert [(queued[t.request_id].status, queued[t.request_id].result) for t in rest] == [
+        ("done", {"embedded": 0, "embedded_by": first.request_id})
     ] * 3
     assert await vectors(db, LOCAL_MODEL_NAME) == done
+
+
+async def test_a_turn_taken_in_part_when_the_chunk_is_full_keeps_its_job(
+    db: Database, model: local_model.MiniLM
+) -> None:
+    jobs, _ = runner(db, config())
+    embedder = jobs.handlers[EMBED_JOB_KIND]
+    assert isinstance(embedder, MessageEmbedder)
+    embedder.chunk = 4  # a turn's two messages and one of the next turn's
+    first, second, third = await turns(db, 3)
+    while await jobs.run_once():
+        pass
+    queued = await jobs_of(db)
+    results = [(queued[t.request_id].result or {}).get("embedded") for t in (first, second, third)]
+    assert results == [3, 3, 0]  # (the second's own reply, and the third turn's two)
+    assert len(await vectors(db, LOCAL_MODEL_NAME)) == 6
 
 
 async def test_a_failed_job_leaves_the_other_turns_to_their_own_jobs(
@@ -152,8 +168,12 @@ async def test_a_failed_job_leaves_the_other_turns_to_their_own_jobs(
     while await jobs.run_once():  # the second's job embeds the second and third turns
         pass
     queued = await jobs_of(db)
-    assert queued[second.request_id].result == {"model": LOCAL_MODEL_NAME, "embedded": 4}
-    assert queued[third.request_id].result == {"model": LOCAL_MODEL_NAME, "embedded": 0}
+    assert queued[second.request_id].result == {
+        "model": LOCAL_MODEL_NAME,
+        "embedded": 4,
+        "turns_queued_behind": 1,
+    }
+    assert queued[third.request_id].result == {"embedded": 0, "embedded_by": second.request_id}
     assert sorted(await vectors(db, LOCAL_MODEL_NAME)) == sorted(
         [f"question {i} about the garden" for i in (1, 2)]
         + [f"reply {i}: plant roses" for i in (1, 2)]
