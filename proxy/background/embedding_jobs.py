@@ -10,13 +10,13 @@ as it is made (`embedding` in the cost parts of the job's exchange, the tenant's
 metrics).
 
 With an embedder whose calls are not paid for (the local model), a turn's job also embeds the
-user's turns stored after it whose jobs are queued (not running), in the same call (up to the
-chunk; a turn still being answered is not taken, its question's vector is on its way): under
+user's turns stored after it whose jobs are queued (not running), in the same call, up to the
+chunk (a turn still being answered is not taken: its question's vector is on its way). Under
 load, when the jobs queue up, one model call does the work of many (a run of short texts costs
-less per text than each alone) and the jobs of those turns find nothing left to do. A job still
-embeds its own turn's messages whatever the others do, so a job that fails leaves no message of
-another turn without its vector: that turn's own job embeds it. (An upstream's call is charged
-to one exchange: there each job embeds its own turn only.)
+less per text than each alone), and the jobs of those turns end with it, never claimed. A job
+still embeds its own turn's messages whatever the others do, so a job that fails leaves no
+message of another turn without its vector: that turn's own job embeds it. (An upstream's call
+is charged to one exchange: there each job embeds its own turn only.)
 """
 
 from __future__ import annotations
