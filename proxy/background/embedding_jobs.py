@@ -8,6 +8,15 @@ attempt, and queues a job for the rest; the vectors are written in the transacti
 the job, and only for messages that are still there. An upstream's embedding call is charged
 as it is made (`embedding` in the cost parts of the job's exchange, the tenant's budgets, the
 metrics).
+
+With an embedder whose calls are not paid for (the local model), a turn's job also embeds the
+user's turns stored after it whose jobs are queued (not running), in the same call, up to the
+chunk (a turn still being answered is not taken: its question's vector is on its way). Under
+load, when the jobs queue up, one model call does the work of many (a run of short texts costs
+less per text than each alone), and the jobs of those turns end with it, never claimed. A job
+still embeds its own turn's messages whatever the others do, so a job that fails leaves no
+message of another turn without its vector: that turn's own job embeds it. (An upstream's call
+is charged to one exchange: there each job embeds its own turn only.)
 """
 
 from __future__ import annotations
@@ -85,7 +94,45 @@ class MessageEmbedder(ItemEmbedder):
             found = vectors.unembedded(
                 job.tenant_id, job.user_id, model, exchange_id=job.ref, limit=self.chunk
             )
-        return [Pending(m.pk, m.seq, m.text, group=m.conversation_pk) for m in found]
+            # Room for the turns after it, short of a whole chunk: a whole chunk means the
+            # turn's own messages were more than that, and a job is queued for their rest.
+            room = self.chunk - 1 - len(found)
+            if found and room > 0 and self._unbilled(job):
+                found += vectors.unembedded_of_queued_turns(
+                    job.tenant_id,
+                    job.user_id,
+                    model,
+                    job_kind=job.kind,
+                    after_pk=max(m.pk for m in found),
+                    limit=room,
+                )
+        return [
+            Pending(m.pk, m.seq, m.text, group=m.conversation_pk, source=m.exchange_id or "")
+            for m in found
+        ]
+
+    def settle_others(
+        self, conn: Connection, job: JobRecord, pending: Sequence[Pending]
+    ) -> dict[str, Any]:
+        # The turns queued behind it whose messages it embedded: their jobs end with it, never
+        # claimed (each would only find its turn done). Not the last one taken when the chunk
+        # was full: some of its messages may be left.
+        others = [p.source for p in pending if p.source and p.source != job.ref]
+        if len(pending) == self.chunk - 1 and others:
+            last = others[-1]
+            others = [o for o in others if o != last]
+        done = Jobs(conn).finish_queued(
+            job.tenant_id,
+            job.kind,
+            set(others),
+            now=_now(),
+            result={"embedded": 0, "embedded_by": job.ref},
+        )
+        return {"turns_queued_behind": done} if done else {}
+
+    def _unbilled(self, job: JobRecord) -> bool:
+        embedder = self.embeddings.embedder(job.tenant_id)
+        return embedder is not None and not embedder.billed
 
     def known(self, job: JobRecord, model: str, pending: Sequence[Pending]) -> list[Any]:
         # A turn's question was embedded on the request path: its stored message is not again.

@@ -69,8 +69,15 @@ class Embedded:
 class Embedder(Protocol):
     # Stored beside each vector: vectors of different models are never compared.
     model: str
+    # Whether its calls are paid for (an upstream's): a call is charged to one exchange, so it
+    # embeds that exchange's messages only. One that is not (the local model) embeds a user's
+    # turns queued behind it in the same call (proxy/background/embedding_jobs.py).
+    billed: bool
 
-    async def embed(self, texts: Sequence[str]) -> Embedded: ...
+    async def embed(self, texts: Sequence[str], *, question: bool = False) -> Embedded:
+        """One vector per text; `question`: a question's, on the request path (which the
+        local model runs beside the background's batches, never behind them)."""
+        ...
 
 
 class EmbeddingsUpstream(Protocol):
@@ -110,10 +117,12 @@ def _parse_embeddings(
 class UpstreamEmbedder:
     """OpenAI's `/v1/embeddings` through an upstream, in batches."""
 
+    billed = True
+
     def __init__(self, upstream: EmbeddingsUpstream, model: str) -> None:
         self.upstream, self.model = upstream, model
 
-    async def embed(self, texts: Sequence[str]) -> Embedded:
+    async def embed(self, texts: Sequence[str], *, question: bool = False) -> Embedded:
         """The vectors, and the calls' input tokens as the upstream reports them (or counted):
         what the tenant's key is billed for, charged by the caller."""
         out: list[list[float]] = []
@@ -146,19 +155,21 @@ class UpstreamEmbedder:
 class LocalEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions) in this process (proxy/background/local_model.py):
     checked at start-up (`check`), loaded on its first embedding and run in a worker thread,
-    so the event loop never waits on either. Background batches run one at a time (the model
-    uses every core it gets); a question (one text, on the request path) never waits behind
-    them. A model that cannot be loaded is told to `unavailable` (on the event loop)."""
+    so the event loop never waits on either. Background batches run one at a time, however
+    many texts each has (the model uses every core it gets: two at once would only take more
+    of them from the request path); a question never waits behind them. A model that cannot
+    be loaded is told to `unavailable` (on the event loop)."""
 
     model = LOCAL_MODEL_NAME
+    billed = False
 
     def __init__(self, unavailable: Callable[[local_model.LocalModelUnavailable], None]) -> None:
         self._run_lock = threading.Lock()
         self._unavailable = unavailable
 
-    def _encode(self, texts: list[str]) -> list[list[float]]:
+    def _encode(self, texts: list[str], question: bool) -> list[list[float]]:
         model = local_model.load()
-        if len(texts) == 1:  # a question: inference is safe to run beside a batch
+        if question:  # inference is safe to run beside a batch
             vectors = model.encode(texts)
         else:
             with self._run_lock:
@@ -175,9 +186,9 @@ class LocalEmbedder:
         `LocalModelUnavailable` when it cannot be."""
         await asyncio.to_thread(local_model.check)
 
-    async def embed(self, texts: Sequence[str]) -> Embedded:
+    async def embed(self, texts: Sequence[str], *, question: bool = False) -> Embedded:
         batch = [t[:EMBED_CHARS] for t in texts]
-        work = asyncio.ensure_future(asyncio.to_thread(self._encode, batch))
+        work = asyncio.ensure_future(asyncio.to_thread(self._encode, batch, question))
         # (told even when the caller stopped waiting: a question's timeout while it loads)
         work.add_done_callback(self._loaded_or_not)
         try:
@@ -285,7 +296,7 @@ class Embeddings:
         loading = embedder is self.local and not local_model.loaded()
         try:
             async with asyncio.timeout(timeout):
-                embedded = await embedder.embed([text])
+                embedded = await embedder.embed([text], question=True)
             (vector,) = embedded.vectors
             values = normalised(vector)
             found = Vector(embedder.model, values, embedded.usage)

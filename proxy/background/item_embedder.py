@@ -35,14 +35,15 @@ CHUNK = 256
 @dataclass(frozen=True, slots=True)
 class Pending:
     """An item to embed: its pk, where it is (a message's or passage's seq), its text, its
-    public id (a memory's: what names the job that goes on after it) and its group (a
-    message's conversation pk)."""
+    public id (a memory's: what names the job that goes on after it), its group (a
+    message's conversation pk) and its source (a message's: the turn that stored it)."""
 
     pk: int
     seq: int
     text: str
     id: str = ""
     group: int = 0
+    source: str = ""
 
 
 class ItemEmbedder(ABC):
@@ -68,6 +69,13 @@ class ItemEmbedder(ABC):
     def queue_rest(self, conn: Connection, job: JobRecord, last: Pending) -> dict[str, Any]:
         """A whole chunk was embedded: a job for what may be left; what the job's result
         says of it (nothing: none was needed)."""
+
+    def settle_others(
+        self, conn: Connection, job: JobRecord, pending: Sequence[Pending]
+    ) -> dict[str, Any]:
+        """With the job's end: the other jobs whose items it embedded, ended; what its result
+        says of them (nothing: none)."""
+        return {}
 
     def known(self, job: JobRecord, model: str, pending: Sequence[Pending]) -> list[Any]:
         """Vectors made already for some of the items (None for the others)."""
@@ -126,6 +134,7 @@ class ItemEmbedder(ABC):
         def apply(conn: Connection) -> dict[str, Any]:
             stored = self.store(conn, job, model, rows)
             result: dict[str, Any] = {"model": model, "embedded": stored}
+            result.update(self.settle_others(conn, job, pending))
             if len(pending) == self.chunk:
                 result.update(self.queue_rest(conn, job, pending[-1]))
             return result

@@ -34,8 +34,14 @@ MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 VOCAB_SHA256 = "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"
 DIMENSIONS = 384
 MAX_TOKENS = 256  # the model's max_seq_length
-# Texts run through the model at once: sorted by length first, so a batch pads little.
+# Texts run through the model at once: sorted by their number of word pieces, a batch takes
+# texts while its padded size (rows x its longest text) stays within BATCH_TOKENS, up to BATCH
+# rows. The model's time grows with the padded size, and faster than it past about 512 word
+# pieces a run (measured on two cores, int8: 64 texts of 250 word pieces cost 152 ms CPU each
+# 32 at a time, 89 ms one at a time), while a run's fixed cost is only worth sharing among short
+# texts (8 word pieces: 4.8 ms alone, 2.4 ms 32 at a time).
 BATCH = 32
+BATCH_TOKENS = 512
 
 
 class LocalModelUnavailable(Exception):
@@ -108,24 +114,26 @@ class MiniLM:
         self._types = "token_type_ids" in names
         self.tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
         self.tokenizer.enable_truncation(MAX_TOKENS)
-        self.tokenizer.enable_padding()  # to the longest text of each batch
+        self._pad = self.tokenizer.token_to_id("[PAD]") or 0
 
     def encode(self, texts: Sequence[str]) -> NDArray[np.float32]:
         import numpy as np
 
         out = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), BATCH):
-            rows = order[start : start + BATCH]
-            out[rows] = self._batch([texts[i] for i in rows])
+        pieces = [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+        for rows in batches([len(p) for p in pieces]):
+            out[rows] = self._batch([pieces[i] for i in rows])
         return out
 
-    def _batch(self, texts: list[str]) -> NDArray[np.float32]:
+    def _batch(self, pieces: list[list[int]]) -> NDArray[np.float32]:
         import numpy as np
 
-        encoded = self.tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encoded], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+        longest = max(len(p) for p in pieces)
+        ids = np.full((len(pieces), longest), self._pad, dtype=np.int64)
+        mask = np.zeros((len(pieces), longest), dtype=np.int64)
+        for row, p in enumerate(pieces):
+            ids[row, : len(p)] = p
+            mask[row, : len(p)] = 1
         feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if self._types:
             feeds["token_type_ids"] = np.zeros_like(ids)
@@ -136,6 +144,22 @@ class MiniLM:
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         unit: NDArray[np.float32] = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
         return unit
+
+
+def batches(lengths: Sequence[int]) -> list[list[int]]:
+    """The model's runs for texts of these lengths (in word pieces): their indexes, shortest
+    first, each run within `BATCH` rows and `BATCH_TOKENS` padded word pieces (one row
+    always, however long)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    runs: list[list[int]] = []
+    for i in order:
+        run = runs[-1] if runs else None
+        # (sorted: the text added is the run's longest, what every row is padded to)
+        if run and len(run) < BATCH and (len(run) + 1) * lengths[i] <= BATCH_TOKENS:
+            run.append(i)
+        else:
+            runs.append([i])
+    return runs
 
 
 _lock = threading.Lock()

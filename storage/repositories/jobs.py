@@ -3,6 +3,7 @@ Claiming and settling jobs across tenants is the system's business (repositories
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -120,6 +121,32 @@ class Jobs:
             .with_for_update()
         ).first()
         return row is not None
+
+    def finish_queued(
+        self,
+        tenant_id: str,
+        kind: str,
+        refs: Collection[str],
+        *,
+        now: datetime,
+        result: dict[str, Any],
+    ) -> int:
+        """Jobs of `kind` done by another (their work done in its transaction): those of these
+        refs still queued (none running, dead or done) end as `done` with `result`, and are
+        never run. How many."""
+        if not refs:
+            return 0
+        outcome = self.conn.execute(
+            update(J)
+            .where(
+                J.c.tenant_id == tenant_id,
+                J.c.kind == kind,
+                J.c.ref.in_(list(refs)),
+                J.c.status == "queued",
+            )
+            .values(status="done", updated_at=now, result=result)
+        )
+        return int(outcome.rowcount)
 
     def delete_finished_before(self, tenant_id: str, cutoff: datetime, *, limit: int) -> int:
         """Delete up to `limit` of the tenant's jobs that ended (`done`, or `dead` with the

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Table, and_, delete, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from storage.models import CONVERSATIONS, MESSAGE_VECTORS, MESSAGES
+from storage.models import CONVERSATIONS, JOBS, MESSAGE_VECTORS, MESSAGES
 from storage.repositories.rows import utc
 
 V = MESSAGE_VECTORS
@@ -32,6 +32,7 @@ class Unembedded:
     conversation_pk: int
     seq: int
     text: str
+    exchange_id: str | None = None  # the turn that stored it (None: imported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,44 @@ class MessageVectors(UserVectors):
                 query = query.where(M.c.seq <= last_seq)
         rows = self.conn.execute(query.order_by(M.c.conversation_pk, M.c.seq).limit(limit))
         return [Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text) for r in rows]
+
+    def unembedded_of_queued_turns(
+        self,
+        tenant_id: str,
+        user_id: str,
+        model: str,
+        *,
+        job_kind: str,
+        after_pk: int,
+        limit: int,
+    ) -> list[Unembedded]:
+        """The user's searchable messages without a `model` vector stored after the message
+        `after_pk` by turns whose job of `job_kind` is queued (the turn ended, and its job is
+        not running), oldest first."""
+        J = JOBS
+        query = (
+            select(M.c.pk, M.c.conversation_pk, M.c.seq, M.c.search_text, M.c.exchange_id)
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.user_id == user_id,
+                M.c.pk > after_pk,
+                M.c.status == "complete",
+                M.c.search_text.is_not(None),
+                exists().where(
+                    J.c.tenant_id == tenant_id,
+                    J.c.kind == job_kind,
+                    J.c.ref == M.c.exchange_id,
+                    J.c.status == "queued",
+                ),
+                ~exists().where(V.c.message_pk == M.c.pk, V.c.model == model),
+            )
+            .order_by(M.c.pk)
+            .limit(limit)
+        )
+        rows = self.conn.execute(query)
+        return [
+            Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text, r.exchange_id) for r in rows
+        ]
 
     def backlog(self, tenant_id: str, model: str, *, except_user: str) -> list[Backlog]:
         """The tenant's conversations with searchable messages not embedded by `model` (of

@@ -4,6 +4,7 @@ an error of its own, kept, never a crash."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import threading
@@ -75,6 +76,31 @@ def test_a_text_is_embedded_the_same_alone_or_in_a_batch() -> None:
     texts = ["short", "a much longer text " * 20, "Where do I work?"]
     alone = np.vstack([model.encode([t]) for t in texts])
     assert np.allclose(model.encode(texts), alone, atol=1e-5)  # padding changes nothing
+
+
+def test_a_batch_is_run_in_runs_of_similar_lengths_within_the_token_budget() -> None:
+    # Long texts padded to each other's length cost the model more than run one by one; short
+    # ones share a run's fixed cost. Every text is in one run, shortest first.
+    lengths = [250, 8, 8, 200, 30, 9, 60, 60, 2, 256, *([16] * 40)]
+    runs = local_model.batches(lengths)
+    assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+    flat = [lengths[i] for run in runs for i in run]
+    assert flat == sorted(lengths)
+    for run in runs:
+        assert len(run) == 1 or (
+            len(run) <= local_model.BATCH
+            and len(run) * max(lengths[i] for i in run) <= local_model.BATCH_TOKENS
+        )
+    assert [len(run) for run in runs if max(lengths[i] for i in run) >= 200] == [2, 1]
+    assert max(len(run) for run in runs) == local_model.BATCH  # the short ones together
+    assert local_model.batches([]) == []
+
+
+def test_texts_of_very_different_lengths_in_one_call_are_embedded_as_alone() -> None:
+    model = local_model.load()
+    texts = ["hi", "Where do I work?", "a long text about the garden " * 60, "", "x " * 40] * 3
+    alone = np.vstack([model.encode([t]) for t in texts])
+    assert np.allclose(model.encode(texts), alone, atol=1e-5)
 
 
 def test_meaning_without_shared_words() -> None:
@@ -160,6 +186,35 @@ async def test_a_local_embedder_that_fails_raises_an_embedding_error(
             await LocalEmbedder(failures.append).embed(["anything"])
     # (told to its owner, which takes its tenants' embeddings away and reports it)
     assert len(failures) == 1 and "cannot be read" in str(failures[0])
+
+
+async def test_background_embeddings_run_one_at_a_time_and_a_question_beside_them() -> None:
+    """A background call of one text (a turn's reply) waits for the batch running, as a
+    larger one does; a question does not."""
+    release, entered = threading.Event(), []
+
+    class Model:
+        def encode(self, texts: list[str]) -> Any:
+            entered.append(texts[0])
+            if texts[0] == "batch":
+                release.wait(60)
+            return np.zeros((len(texts), local_model.DIMENSIONS), dtype=np.float32)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_model, "load", Model)
+        embedder = LocalEmbedder(lambda failure: None)
+        batch = asyncio.ensure_future(embedder.embed(["batch", "of two"]))
+
+        async def running() -> bool:
+            return entered == ["batch"]
+
+        await eventually(running, "the batch running")
+        reply = asyncio.ensure_future(embedder.embed(["reply"]))
+        await embedder.embed(["question"], question=True)  # beside the batch
+        assert entered == ["batch", "question"]  # the reply still waits
+        release.set()
+        await asyncio.gather(batch, reply)
+    assert entered == ["batch", "question", "reply"]
 
 
 async def test_the_model_is_checked_at_start_and_loaded_by_the_first_embedding(
