@@ -132,7 +132,8 @@ async def recall(
     def work(
         conn: Connection,
     ) -> tuple[list[Hit], list[Found], list[MemoryRecord], list[MemoryRecord]]:
-        pinned, others = [], []
+        pinned: list[MemoryRecord] = []
+        others: list[MemoryRecord] = []
         if with_memories:
             # (both read in one statement)
             stems = sorted({stem(t) for t in terms}) if memory_share > 0 else []
