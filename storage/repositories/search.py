@@ -108,11 +108,12 @@ _CONVERSATION_WORDS = text(
 )
 _ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
 # A named user's words counted (`_USER_WORDS`) and their rows ranked in one statement (one
-# round trip rather than two), for a search that needs no narrowing (`rarest`): the weights as `_postgresql` computes them (each
-# word's idf over the user's rows, or 1 where no rows are counted), each word's `ts_rank`
-# weighted and summed in the words' order, as `_postgresql_ranked` sums them. A search whose
-# words are held by more than `:most` rows together ranks nothing here and answers one row of
-# NULLs instead: the caller then narrows it as before.
+# round trip rather than two), for a search that needs no narrowing (`rarest`): the weights
+# as `_postgresql` computes them (each word's idf over the user's rows, or 1 where no rows are
+# counted), each word's `ts_rank` weighted and summed in the words' order, as
+# `_postgresql_ranked` sums them. A search whose words are held by more than `:most` rows
+# together ranks nothing here and answers one row of NULLs instead: the caller then narrows
+# it as before.
 _FOLDED = text(
     """
 WITH listed AS (
