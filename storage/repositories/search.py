@@ -309,7 +309,7 @@ class MessageSearch:
         rows, the rows holding the `rarest` words ranked first, the others only when those
         are not enough."""
         if conversation_pk is None:
-            found = self.conn.execute(
+            ranked = self.conn.execute(
                 _FOLDED,
                 {
                     "words": " ".join(words),
@@ -319,8 +319,8 @@ class MessageSearch:
                     "limit": limit,
                 },
             ).all()
-            if not found or found[0].pk is not None:
-                return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in found]
+            if not ranked or ranked[0].pk is not None:
+                return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in ranked]
             # (held by more than RANKED_ROWS rows: narrowed as below)
         counting = _USER_WORDS if conversation_pk is None else _CONVERSATION_WORDS
         found = self.conn.execute(
