@@ -108,6 +108,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run memproxy at this git revision (memproxy-prev); '' to skip (default: "
         f"{REALISTIC_BASELINE} for realistic, {FIRST_TURN_BASELINE} for first-turn)",
     )
+    add(
+        "--baseline-embeddings",
+        choices=["local", "off"],
+        default=None,
+        help="memproxy-prev's memory.embeddings, to compare a change at equal settings "
+        "(default: the revision's default config)",
+    )
     add("--litellm", action="store_true", help=f"also run LiteLLM's proxy ({LITELLM})")
     add("--trace-target", action="store_true", help=f"also run {UNTRACED} (the trace off)")
     add("--memproxy-log-level", default="info")
@@ -196,7 +203,12 @@ def labels_for(args: argparse.Namespace) -> dict[str, str]:
         if name == "memproxy-off":
             continue
         if name == PREVIOUS:
-            out[name] = f"memory on, at {args.baseline_rev}, its defaults, {database}"
+            settings = (
+                f"embeddings {args.baseline_embeddings}"
+                if args.baseline_embeddings
+                else "its defaults"
+            )
+            out[name] = f"memory on, at {args.baseline_rev}, {settings}, {database}"
             continue
         embeddings = embeddings_of(name, args) or "the default config's"
         out[name] = f"memory on, embeddings {embeddings}, {database}"

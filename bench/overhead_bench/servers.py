@@ -230,7 +230,7 @@ def memproxy_names(args: argparse.Namespace) -> list[str]:
 def embeddings_of(name: str, args: argparse.Namespace) -> str | None:
     """A memproxy target's `memory.embeddings` (None: its revision's default config)."""
     if name == PREVIOUS:
-        return None
+        return getattr(args, "baseline_embeddings", None)
     if name in (KEYWORDS, HEAVY):
         return "off"
     return {"both": "local", None: None}.get(args.embeddings, args.embeddings)

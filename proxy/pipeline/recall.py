@@ -132,13 +132,14 @@ async def recall(
     def work(
         conn: Connection,
     ) -> tuple[list[Hit], list[Found], list[MemoryRecord], list[MemoryRecord]]:
-        pinned, others = [], []
+        pinned: list[MemoryRecord] = []
+        others: list[MemoryRecord] = []
         if with_memories:
-            memories = Memories(conn)
-            pinned = memories.pinned(tenant_id, user_id, limit=MAX_PINNED)
-            if terms and memory_share > 0:
-                stems = sorted({stem(t) for t in terms})
-                others = memories.relevant(tenant_id, user_id, stems, limit=MEMORY_CANDIDATES)
+            # (both read in one statement)
+            stems = sorted({stem(t) for t in terms}) if memory_share > 0 else []
+            pinned, others = Memories(conn).pinned_and_relevant(
+                tenant_id, user_id, stems, pinned=MAX_PINNED, limit=MEMORY_CANDIDATES
+            )
             if semantic is not None and memory_share > 0:
                 others = _with_near_memories(
                     conn, semantic, tenant_id, user_id, others, near_memories

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Insert, bindparam, insert, select, union_all, update
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError, StaleConversation
@@ -57,6 +58,51 @@ _ADVANCE = update(C).where(
     C.c.user_id == bindparam("w_owner"),
     C.c.next_seq == bindparam("w_seq"),
 )
+# What `append` changes in the conversation's row, and writes in each message's.
+_ADVANCED = ("next_seq", "chain_count", "chain_hash", "updated_at")
+_MESSAGE_COLUMNS = (
+    "conversation_pk",
+    "tenant_id",
+    "user_id",
+    "seq",
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "tokens",
+    "status",
+    "chain_hash",
+    "exchange_id",
+    "created_at",
+    "metadata",
+    "search_text",
+    "search_scope",
+)
+# Appends of up to this many messages (every turn's) are one statement on PostgreSQL.
+_FOLDED_MESSAGES = 16
+
+
+@lru_cache(maxsize=_FOLDED_MESSAGES)
+def _advance_and_insert(count: int) -> Insert:
+    """PostgreSQL: `_ADVANCE` and the insert of `count` messages in one statement (one round
+    trip rather than two): the messages are selected from the row the update returns, so
+    none is written when the conversation moved on since it was read. Parameters: the
+    update's (`a_` before the changed columns) and each message's columns (`_0`, `_1`...
+    after them)."""
+    advanced = (
+        _ADVANCE.values({column: bindparam(f"a_{column}") for column in _ADVANCED})
+        .returning(C.c.pk)
+        .cte("advanced")
+    )
+    rows = [
+        select(
+            *(bindparam(f"{column}_{i}", type_=M.c[column].type) for column in _MESSAGE_COLUMNS)
+        ).select_from(advanced)
+        for i in range(count)
+    ]
+    source = rows[0] if count == 1 else union_all(*rows)
+    return insert(M).add_cte(advanced).from_select(_MESSAGE_COLUMNS, source).returning(M.c.pk)
 
 
 def _chain_after(count: int, chain_hash: str, messages: Sequence[NewMessage]) -> tuple[int, str]:
@@ -95,6 +141,17 @@ def _rows(
         }
         for offset, m in enumerate(messages)
     ]
+
+
+def _where(conversation: ConversationRecord) -> dict[str, Any]:
+    """`_ADVANCE`'s WHERE: the conversation's row as it was read."""
+    return {
+        "w_tenant": conversation.tenant_id,
+        "w_pk": conversation.pk,
+        "w_id": conversation.id,
+        "w_owner": conversation.user_id,
+        "w_seq": conversation.next_seq,
+    }
 
 
 def _searchable(tenant_id: str, user_id: str, message: NewMessage) -> dict[str, Any]:
@@ -204,21 +261,33 @@ class Conversations(ConversationRows, ConversationMessages):
             "chain_hash": chain_hash,
             "updated_at": now,
         }
-        self._advance(conversation, changes)
-        self.conn.execute(_INSERT_MESSAGES, _rows(conversation, user_id, seq, messages, now))
+        rows = _rows(conversation, user_id, seq, messages, now)
+        if self.conn.dialect.name == "postgresql" and len(rows) <= _FOLDED_MESSAGES:
+            self._advance_and_insert(conversation, changes, rows)
+        else:
+            self._advance(conversation, changes)
+            self.conn.execute(_INSERT_MESSAGES, rows)
         return replace(conversation, **changes)
+
+    def _advance_and_insert(
+        self,
+        conversation: ConversationRecord,
+        changes: dict[str, Any],
+        rows: list[dict[str, Any]],
+    ) -> None:
+        """`_advance` and the messages' insert in one statement (PostgreSQL)."""
+        parameters = {f"a_{column}": value for column, value in changes.items()}
+        parameters |= _where(conversation)
+        for i, row in enumerate(rows):
+            parameters |= {f"{column}_{i}": row[column] for column in _MESSAGE_COLUMNS}
+        inserted = self.conn.execute(_advance_and_insert(len(rows)), parameters).all()
+        if len(inserted) != len(rows):
+            raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
 
     def _advance(self, conversation: ConversationRecord, changes: dict[str, Any]) -> None:
         """Write `changes` to the conversation's row if nothing was appended since it was read
         (its `next_seq`); StaleConversation otherwise."""
-        where = {
-            "w_tenant": conversation.tenant_id,
-            "w_pk": conversation.pk,
-            "w_id": conversation.id,
-            "w_owner": conversation.user_id,
-            "w_seq": conversation.next_seq,
-        }
-        if self.conn.execute(_ADVANCE, {**changes, **where}).rowcount != 1:
+        if self.conn.execute(_ADVANCE, {**changes, **_where(conversation)}).rowcount != 1:
             raise StaleConversation(f"conversation {conversation.id!r} changed since it was read")
 
     def fork(

@@ -10,7 +10,19 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, or_, select, text, update
+from sqlalchemy import (
+    Connection,
+    Select,
+    bindparam,
+    case,
+    delete,
+    insert,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from storage.errors import ConflictError
@@ -23,17 +35,6 @@ R = MEMORIES
 _COLUMNS = columns(R, MemoryRecord)
 UPDATABLE = frozenset({"text", "kind", "pinned", "confidence"})
 _LIKE_SPECIAL = re.compile(r"([%_\\])")
-# Built once (recall reads them on every turn): the same statement is compiled once.
-_PINNED = (
-    select(*_COLUMNS)
-    .where(
-        R.c.tenant_id == bindparam("tenant"),
-        R.c.user_id == bindparam("user"),
-        R.c.pinned.is_(True),
-    )
-    .order_by(R.c.pk)
-    .limit(bindparam("limit"))
-)
 # Unpinned memories holding any of a JSON array of lowercase terms (what `find` matches).
 _CONTAINS = {
     "sqlite": "EXISTS (SELECT 1 FROM json_each(:terms) t "
@@ -41,18 +42,52 @@ _CONTAINS = {
     "postgresql": "EXISTS (SELECT 1 FROM jsonb_array_elements_text(CAST(:terms AS jsonb)) t(term) "
     "WHERE strpos(memories.folded, t.term) > 0)",
 }
-_RELEVANT = {
-    dialect: select(*_COLUMNS)
-    .where(
-        R.c.tenant_id == bindparam("tenant"),
-        R.c.user_id == bindparam("user"),
-        R.c.pinned.is_(False),
-        text(contains),
+
+
+def _pinned(limit: str) -> Select[Any]:
+    """The user's oldest pinned memories, oldest first, as many as the parameter `limit`."""
+    return (
+        select(*_COLUMNS)
+        .where(
+            R.c.tenant_id == bindparam("tenant"),
+            R.c.user_id == bindparam("user"),
+            R.c.pinned.is_(True),
+        )
+        .order_by(R.c.pk)
+        .limit(bindparam(limit))
     )
-    .order_by(R.c.pk.desc())
-    .limit(bindparam("limit"))
-    for dialect, contains in _CONTAINS.items()
-}
+
+
+def _relevant(contains: str) -> Select[Any]:
+    """The user's newest unpinned memories holding any of `:terms`, as many as `:limit`."""
+    return (
+        select(*_COLUMNS)
+        .where(
+            R.c.tenant_id == bindparam("tenant"),
+            R.c.user_id == bindparam("user"),
+            R.c.pinned.is_(False),
+            text(contains),
+        )
+        .order_by(R.c.pk.desc())
+        .limit(bindparam("limit"))
+    )
+
+
+def _pinned_and_relevant(contains: str) -> Select[Any]:
+    """`_pinned` (as many as `:pinned_limit`) then `_relevant`, each in its order: one
+    statement, one round trip (PostgreSQL) where two would take two."""
+    both = union_all(
+        select(_pinned("pinned_limit").subquery()), select(_relevant(contains).subquery())
+    ).subquery()
+    return select(both).order_by(
+        both.c.pinned.desc(), case((both.c.pinned, both.c.pk), else_=-both.c.pk)
+    )
+
+
+# Built once (recall reads them on every turn): the same statement is compiled once.
+_PINNED = _pinned("limit")
+_RELEVANT = {dialect: _relevant(contains) for dialect, contains in _CONTAINS.items()}
+_RECALLED = {dialect: _pinned_and_relevant(contains) for dialect, contains in _CONTAINS.items()}
 
 
 def new_memory_id() -> str:
@@ -260,6 +295,27 @@ class Memories:
             },
         )
         return [_record(r) for r in rows]
+
+    def pinned_and_relevant(
+        self, tenant_id: str, user_id: str, terms: Sequence[str], *, pinned: int, limit: int
+    ) -> tuple[list[MemoryRecord], list[MemoryRecord]]:
+        """`pinned(..., limit=pinned)` and `relevant(..., terms, limit=limit)` read in one
+        statement (recall's, on every turn)."""
+        if not terms:
+            return self.pinned(tenant_id, user_id, limit=pinned), []
+        statement = _RECALLED["postgresql" if self.conn.dialect.name == "postgresql" else "sqlite"]
+        rows = self.conn.execute(
+            statement,
+            {
+                "tenant": tenant_id,
+                "user": user_id,
+                "terms": json.dumps([fold(t) for t in terms]),
+                "pinned_limit": pinned,
+                "limit": limit,
+            },
+        )
+        records = [_record(r) for r in rows]
+        return [m for m in records if m.pinned], [m for m in records if not m.pinned]
 
     def unpinned_of(self, tenant_id: str, user_id: str, pks: Sequence[int]) -> list[MemoryRecord]:
         """Those of the memories `pks` that are the user's, still there and not pinned (vector

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Insert, bindparam, delete, func, select
+from sqlalchemy import CTE, Connection, Insert, bindparam, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from storage.models import EXCHANGE_TRACES, EXCHANGES
@@ -62,6 +62,29 @@ def _upsert(insert: Any) -> Insert:
 
 
 _UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
+# A trace's own columns, as `upsert_after` takes them (`t_level`...).
+TRACED = ("level", "size", "truncated", "trace")
+
+
+def upsert_after(written: CTE) -> Insert:
+    """PostgreSQL: the upsert of the trace of the exchange `written` returns (a CTE that
+    writes an exchange's record and returns its `request_id` and `tenant_id`), in the same
+    statement; none when it returns no row (the record is gone). Parameters: `t_level`,
+    `t_size`, `t_truncated`, `t_trace`."""
+    traced = select(
+        written.c.request_id,
+        written.c.tenant_id,
+        *(bindparam(f"t_{column}", type_=T.c[column].type) for column in TRACED),
+    )
+    statement = postgresql.insert(T).add_cte(written)
+    statement = statement.from_select(["request_id", "tenant_id", *TRACED], traced)
+    return statement.on_conflict_do_update(
+        index_elements=[T.c.request_id],
+        set_={column: statement.excluded[column] for column in TRACED},
+        where=T.c.tenant_id == statement.excluded.tenant_id,
+    )
+
+
 _SELECT = select(
     T.c.request_id,
     T.c.tenant_id,

@@ -48,6 +48,37 @@ async def test_relevant_memories_are_the_unpinned_ones_holding_a_term(db: Databa
     ] == ["mem_2", "mem_1"]
 
 
+async def test_recalls_read_of_memories_is_what_pinned_and_relevant_read_apart(
+    db: Database,
+) -> None:
+    def create(conn: Connection) -> None:
+        memories = Memories(conn)
+        for i in range(4):
+            at = T0 + timedelta(seconds=i)
+            memories.create("t1", "alice", f"mem_p{i}", f"pinned oboe {i}", now=at, pinned=True)
+            memories.create("t1", "alice", f"mem_{i}", f"plays oboe {i}", now=at)
+        memories.create("t1", "alice", "mem_other", "likes tea", now=T0)
+        memories.create("t1", "bob", "mem_bob", "plays oboe too", now=T0, pinned=True)
+        memories.create("t2", "alice", "mem_t2", "oboe elsewhere", now=T0)
+
+    await db.write(create)
+
+    def read(conn: Connection, terms: list[str]) -> tuple[object, object]:
+        memories = Memories(conn)
+        apart = (
+            memories.pinned("t1", "alice", limit=3),
+            memories.relevant("t1", "alice", terms, limit=2),
+        )
+        return apart, memories.pinned_and_relevant("t1", "alice", terms, pinned=3, limit=2)
+
+    for terms in (["oboe"], ["tea"], ["nothing"], []):
+        apart, together = await db.read(lambda c, terms=terms: read(c, terms))
+        assert together == apart
+    _, (pinned, relevant) = await db.read(lambda c: read(c, ["oboe"]))
+    assert [m.id for m in pinned] == ["mem_p0", "mem_p1", "mem_p2"]  # oldest first
+    assert [m.id for m in relevant] == ["mem_3", "mem_2"]  # newest first
+
+
 async def test_a_repeat_is_found_by_its_folded_text_within_the_tenants_user(db: Database) -> None:
     def create(conn: Connection) -> None:
         memories = Memories(conn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -639,7 +640,9 @@ async def test_on_postgresql_rows_of_only_common_words_are_ranked_when_too_few_o
                     "t1", "alice", ["zed", "kayak", "glacier"], limit=limit
                 )
             for statement, parameters in ran:
-                if "ts_rank" in statement:  # (its tsqueries: each word's, and the longest, :match)
+                if "WITH listed" in statement:  # (counted and ranked at once, unless narrowed)
+                    matched.append("at once")
+                elif "ts_rank" in statement:  # (its tsqueries: each word's, the longest :match)
                     matched.append(max((p for p in parameters if str(p)[:1] == "'"), key=len))
             texts = {f.pk: f.text for f in MessageSearch(conn).around("t1", "alice", hits)}
             return [texts[h.pk] for h in hits]
@@ -648,13 +651,47 @@ async def test_on_postgresql_rows_of_only_common_words_are_ranked_when_too_few_o
 
     # Four rows hold the rarer words: enough for four hits, not for six.
     four, matched = await found(4)
-    assert matched == ["'glacier' | 'kayak'"]
+    assert matched == ["at once", "'glacier' | 'kayak'"]  # (held by too many rows at once)
     assert all("kayak" in t or "glacier" in t for t in four)
     six, matched = await found(6)
-    assert matched == ["'glacier' | 'kayak'", "'glacier' | 'kayak' | 'zed'"]
+    assert matched == ["at once", "'glacier' | 'kayak'", "'glacier' | 'kayak' | 'zed'"]
     assert sorted(six[:4]) == sorted(four) and all("plain" in t for t in six[4:])
     monkeypatch.setattr(search_module, "RANKED_ROWS", 10**6)  # every row ranked at once
-    assert await found(6) == (six, ["'glacier' | 'kayak' | 'zed'"])
+    assert await found(6) == (six, ["at once"])
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+async def test_on_postgresql_counting_and_ranking_at_once_finds_what_two_statements_find(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = random.Random(5)
+    vocabulary = [f"word{i}" for i in range(30)] + ["kayak", "glacier", "zed", "running"]
+    for c in range(6):
+        turns = [
+            msg(rng.choice(["user", "assistant"]), " ".join(rng.choices(vocabulary, k=9)))
+            for _ in range(15)
+        ]
+        await new_conversation(db, f"c{c}", turns)
+    questions = [rng.sample(vocabulary, k) for k in (1, 2, 3, 5, 8) for _ in range(6)]
+    questions += [["kayak", "runs", "nothing"], ["absent"], ["zed", "zed"]]
+    at_once = [await search(db, q, limit=12) for q in questions]
+    # The statement counting and ranking at once, made to hand every search over to the
+    # two statements (as for words too many rows hold): the same hits, the same scores.
+    monkeypatch.setattr(
+        search_module,
+        "_FOLDED",
+        text(
+            "SELECT NULL AS pk, CAST(:words AS TEXT), CAST(:tenant AS TEXT), "
+            "CAST(:user AS TEXT), CAST(:most AS INTEGER), CAST(:limit AS INTEGER)"
+        ),
+    )
+    assert [await search(db, q, limit=12) for q in questions] == at_once
+    assert sum(len(hits) for hits in at_once) > 100
+    # Without counts (lost by other means than the triggers), unweighted alike.
+    await db.write(lambda c: c.execute(text("DELETE FROM message_words")))
+    apart = [await search(db, q, limit=12) for q in questions]
+    monkeypatch.undo()
+    assert [await search(db, q, limit=12) for q in questions] == apart
 
 
 async def test_migration_0018_counts_what_was_stored_before_it_down_and_up_again(
