@@ -12,7 +12,8 @@ from sqlalchemy import Connection, TextClause, text
 # The query names the user's scope token, so only their postings are read and ranked; the
 # best are then checked against the real tenant and user (and conversation, for anonymous).
 # Both ranking statements order by the score column, not by bm25 again: SQLite computes an
-# ORDER BY expression apart from a column's, and bm25 is most of a search's time.
+# ORDER BY expression apart from a column's, and bm25 is most of a search's time (the same
+# order: the score is bm25 negated, and equal ones keep the order they came in).
 WHOLE = text(
     "SELECT m.pk, m.conversation_pk, m.seq, f.score FROM ("
     "SELECT rowid AS pk, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
