@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from sqlalchemy import Connection, TextClause, text
+from sqlalchemy import TextClause, text
 
 # The query names the user's scope token, so only their postings are read and ranked; the
 # best are then checked against the real tenant and user (and conversation, for anonymous).
@@ -46,33 +46,19 @@ RANKED_TWICE = text(
 
 
 @lru_cache(maxsize=64)
-def _counting(queries: int) -> TextClause:
-    """The statement counting the rows that match each of `queries` FTS5 queries (`:q0`...),
-    `:most` of each at most (-1: all): rows of (query, count). Counting reads a word's
-    postings one by one: a word said in every turn is read as far as `:most` only."""
+def counting(words: int) -> TextClause:
+    """The statement counting the rows that hold each of `words` words (`:w0`... each one's
+    FTS5 query) and the user's that do (`:s0`...), `:most` of each at most (-1: all): rows
+    of (word, the user's, count). Counting a word reads its postings one by one: a word said
+    in every turn is read as far as `:most` only."""
     return text(
         " UNION ALL ".join(
-            f"SELECT {i} AS i, count(*) AS n FROM (SELECT 1 FROM messages_fts "
-            f"WHERE messages_fts MATCH :q{i} LIMIT :most)"
-            for i in range(queries)
+            f"SELECT {i} AS i, {own} AS own, count(*) AS n FROM (SELECT 1 FROM messages_fts "
+            f"WHERE messages_fts MATCH :{kind}{i} LIMIT :most)"
+            for i in range(words)
+            for own, kind in ((0, "w"), (1, "s"))
         )
     )
-
-
-def rows_holding(
-    conn: Connection, words: Sequence[str], scope: str | None = None, most: int = -1
-) -> dict[str, int]:
-    """How many rows of the index hold each of `words` (those held by any), `most` at most
-    (-1: all): every user's (as bm25 counts them for each word of every search), or one
-    user's (their `scope` token's)."""
-    if not words:
-        return {}
-    queries = {
-        f"q{i}": words_query([w]) if scope is None else scoped_query(scope, [w])
-        for i, w in enumerate(words)
-    }
-    rows = conn.execute(_counting(len(words)), queries | {"most": most})
-    return {words[i]: n for i, n in sorted(rows) if n > 0}
 
 
 def scoped_query(scope: str, words: Sequence[str]) -> str:

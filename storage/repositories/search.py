@@ -238,21 +238,13 @@ class MessageSearch:
         wherever the index holds RANKED_ROWS of them at most."""
         # Counted as far as one more than RANKED_ROWS: each choice below is the same as with
         # every count exact, but for which word is the rarest when all are counted that far.
-        most = RANKED_ROWS + 1
-        every = fts5.rows_holding(self.conn, words, most=most)
-        # A word only other users hold adds nothing to the user's rows nor to their scores:
-        # where the index holds few rows of the words, the user's own counts are not needed.
-        if not every:
-            return []
-        if held_by_few(every, list(every), RANKED_ROWS):
-            return self._ranked(list(every), [], None, tenant_id, user_id, limit)
-        own = fts5.rows_holding(self.conn, list(every), scope, most)
+        every, own = self._rows_holding(words, scope, RANKED_ROWS + 1)
         if not own:
             return []
         if held_by_few(every, list(own), RANKED_ROWS):
             return self._ranked(list(own), [], None, tenant_id, user_id, limit)
         if min(own.values()) > RANKED_ROWS:
-            own = fts5.rows_holding(self.conn, list(own), scope)
+            every, own = self._rows_holding(words, scope)
         chosen = rarest(own, RANKED_ROWS)
         # (Rows that hold them fewer than `limit`: fewer hits than asked for, certainly.)
         if len(chosen) < len(own) and not held_by_few(own, chosen, limit - 1):
@@ -373,6 +365,28 @@ class MessageSearch:
     def _scored(self, statement: TextClause, parameters: dict[str, Any]) -> list[Hit]:
         rows = self.conn.execute(statement, parameters)
         return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
+
+    def _rows_holding(
+        self, words: Sequence[str], scope: str, most: int = -1
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """How many rows of the index hold each of `words`: every user's (as bm25 counts them
+        for each word of every search), and the user's (with their `scope` token); `most` at
+        most (-1: all)."""
+        rows = self.conn.execute(
+            fts5.counting(len(words)),
+            {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)}
+            | {
+                f"s{i}": f'search_scope : "{scope}" AND search_text : "{w}"'
+                for i, w in enumerate(words)
+            }
+            | {"most": most},
+        )
+        every: dict[str, int] = {}
+        own: dict[str, int] = {}
+        for i, theirs, n in rows:
+            if n > 0:
+                (own if theirs else every)[words[i]] = n
+        return every, own
 
     def _hits(
         self,

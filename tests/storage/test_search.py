@@ -365,46 +365,6 @@ async def test_on_sqlite_a_rare_word_outranks_rows_of_common_words_said_more_oft
     assert same(bounded[5], await search(db, words, limit=5))
 
 
-def counted(ran: list[tuple[str, Any]]) -> list[list[str]]:
-    """What each SQLite counting statement among `ran` counted (its FTS5 queries)."""
-    return [
-        [str(p) for p in parameters if "search_text :" in str(p)]
-        for statement, parameters in ran
-        if "count(*)" in statement and "bm25" not in statement
-    ]
-
-
-@pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
-async def test_on_sqlite_the_users_counts_are_read_only_where_the_index_holds_many_rows(
-    db: Database, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # "heron" is bob's alone: it finds none of alice's rows, and changes none of their scores.
-    turns = [msg("user", f"the kayak trip {i}") for i in range(3)]
-    turns += [msg("user", "a glacier walk"), msg("assistant", "kayak by the glacier")]
-    await new_conversation(db, "c1", turns)
-    await new_conversation(db, "c2", [msg("user", "a kayak and a heron")], user="bob")
-    terms = ["kayak", "glacier", "heron"]
-
-    async def found() -> tuple[list[Hit], list[list[str]]]:
-        def work(conn: Connection) -> tuple[list[Hit], list[list[str]]]:
-            with executed(conn) as ran:
-                hits = MessageSearch(conn).search("t1", "alice", terms, limit=10)
-            return hits, counted(ran)
-
-        return await db.read(work)
-
-    # The index holds few rows of the words: every user's counts only, no scope token...
-    hits, counts = await found()
-    assert counts == [[f'search_text : ("{w}")' for w in terms]]
-    assert len(hits) == 5
-    # ...where, with a lower bound, the user's counts are read too: the same hits.
-    monkeypatch.setattr(search_module, "RANKED_ROWS", 3)
-    bounded, counts = await found()
-    scope = search_module.scope_token("t1", "alice")
-    assert counts[1] == [f'search_scope : "{scope}" AND search_text : ("{w}")' for w in terms]
-    assert same(bounded, hits)
-
-
 @pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
 async def test_on_sqlite_the_rarest_word_is_ranked_first_when_all_are_held_by_many_rows(
     db: Database, monkeypatch: pytest.MonkeyPatch
