@@ -11,10 +11,13 @@ from sqlalchemy import TextClause, text
 
 # The query names the user's scope token, so only their postings are read and ranked; the
 # best are then checked against the real tenant and user (and conversation, for anonymous).
+# Both ranking statements order by the score column, not by bm25 again: SQLite computes an
+# ORDER BY expression apart from a column's, and bm25 is most of a search's time (the same
+# order: the score is bm25 negated, and equal ones keep the order they came in).
 WHOLE = text(
     "SELECT m.pk, m.conversation_pk, m.seq, f.score FROM ("
     "SELECT rowid AS pk, -bm25(messages_fts, 1.0, 0.0) AS score FROM messages_fts "
-    "WHERE messages_fts MATCH :query ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT :limit"
+    "WHERE messages_fts MATCH :query ORDER BY score DESC LIMIT :limit"
     ") f JOIN messages m ON m.pk = f.pk "
     "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
     "ORDER BY f.score DESC"
@@ -31,7 +34,7 @@ _RANKED = (
     "WHERE messages_fts MATCH {query} AND m.tenant_id = :tenant AND m.user_id = :user "
     "AND m.status = 'complete' "
     "AND (CAST(:conversation AS INTEGER) IS NULL OR m.conversation_pk = :conversation) "
-    "ORDER BY bm25(messages_fts, 1.0, 0.0), m.pk LIMIT :limit"
+    "ORDER BY score DESC, m.pk LIMIT :limit"
 )
 RANKED = text(_RANKED.format(query=":query"))
 # Two searches' best in one statement, the second's rows scored with more words
@@ -45,11 +48,13 @@ RANKED_TWICE = text(
 @lru_cache(maxsize=64)
 def counting(words: int) -> TextClause:
     """The statement counting the rows that hold each of `words` words (`:w0`... each one's
-    FTS5 query) and the user's that do (`:s0`...): rows of (word, the user's, count)."""
+    FTS5 query) and the user's that do (`:s0`...), `:most` of each at most (-1: all): rows
+    of (word, the user's, count). Counting a word reads its postings one by one: a word said
+    in every turn is read as far as `:most` only."""
     return text(
         " UNION ALL ".join(
-            f"SELECT {i} AS i, {own} AS own, count(*) AS n FROM messages_fts "
-            f"WHERE messages_fts MATCH :{kind}{i}"
+            f"SELECT {i} AS i, {own} AS own, count(*) AS n FROM (SELECT 1 FROM messages_fts "
+            f"WHERE messages_fts MATCH :{kind}{i} LIMIT :most)"
             for i in range(words)
             for own, kind in ((0, "w"), (1, "s"))
         )

@@ -236,11 +236,15 @@ class MessageSearch:
         ranked, RANKED_ROWS of theirs at most, then the whole search if those make fewer hits
         than `limit`; the rows of every user ranked instead of naming the user's scope token
         wherever the index holds RANKED_ROWS of them at most."""
-        every, own = self._rows_holding(words, scope)
+        # Counted as far as one more than RANKED_ROWS: each choice below is the same as with
+        # every count exact, but for which word is the rarest when all are counted that far.
+        every, own = self._rows_holding(words, scope, RANKED_ROWS + 1)
         if not own:
             return []
         if held_by_few(every, list(own), RANKED_ROWS):
             return self._ranked(list(own), [], None, tenant_id, user_id, limit)
+        if min(own.values()) > RANKED_ROWS:
+            every, own = self._rows_holding(words, scope)
         chosen = rarest(own, RANKED_ROWS)
         # (Rows that hold them fewer than `limit`: fewer hits than asked for, certainly.)
         if len(chosen) < len(own) and not held_by_few(own, chosen, limit - 1):
@@ -363,17 +367,19 @@ class MessageSearch:
         return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in rows]
 
     def _rows_holding(
-        self, words: Sequence[str], scope: str
+        self, words: Sequence[str], scope: str, most: int = -1
     ) -> tuple[dict[str, int], dict[str, int]]:
         """How many rows of the index hold each of `words`: every user's (as bm25 counts them
-        for each word of every search), and the user's (with their `scope` token)."""
+        for each word of every search), and the user's (with their `scope` token); `most` at
+        most (-1: all)."""
         rows = self.conn.execute(
             fts5.counting(len(words)),
             {f"w{i}": f'search_text : "{w}"' for i, w in enumerate(words)}
             | {
                 f"s{i}": f'search_scope : "{scope}" AND search_text : "{w}"'
                 for i, w in enumerate(words)
-            },
+            }
+            | {"most": most},
         )
         every: dict[str, int] = {}
         own: dict[str, int] = {}

@@ -365,6 +365,33 @@ async def test_on_sqlite_a_rare_word_outranks_rows_of_common_words_said_more_oft
     assert same(bounded[5], await search(db, words, limit=5))
 
 
+@pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
+async def test_on_sqlite_the_rarest_word_is_ranked_first_when_all_are_held_by_many_rows(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Counts are read as far as one past RANKED_ROWS: "beta" (5 rows) is still the rarest
+    # when both words are held by more rows than that, and "alpha" (7) comes first.
+    turns = [msg("user", f"alpha note {i}") for i in range(6)]
+    turns += [msg("user", f"beta note {i}") for i in range(4)]
+    turns += [msg("assistant", "alpha and beta")]
+    await new_conversation(db, "c1", turns)
+    terms = ["alpha", "beta"]
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 10**6)  # every row ranked at once
+    everything = await search(db, terms, limit=2)
+    monkeypatch.setattr(search_module, "RANKED_ROWS", 3)
+
+    def work(conn: Connection) -> tuple[list[Hit], list[str]]:
+        with executed(conn) as ran:
+            hits = MessageSearch(conn).search("t1", "alice", terms, limit=2)
+        return hits, ranked_matches(ran)
+
+    hits, matched = await db.read(work)
+    scope = search_module.scope_token("t1", "alice")
+    rare = f'search_scope : "{scope}" AND search_text : ("beta")'
+    assert matched == [rare, f'{rare} AND search_text : ("alpha")']
+    assert same(hits, everything)
+
+
 async def test_around_gives_the_neighbours_of_a_hit(db: Database) -> None:
     await new_conversation(
         db,
