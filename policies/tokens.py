@@ -56,14 +56,16 @@ def build_encodings(model: str = "") -> None:
         _encoding(name)
 
 
-# Where a line begins with something other than a space: tiktoken's encodings (cl100k_base,
-# o200k_base) cut a text into pieces before they merge bytes into tokens, and no piece holds a
-# line break followed by anything but spaces (a piece ending in line breaks ends there). So a
-# text's count is the sum of its lines' counts, cut here: the lines of the sections memproxy
-# builds each turn (recall's excerpts, memories) come back turn after turn and are counted once
-# (`_count_line`). tests/unit/test_tokens.py checks the sum against whole counts.
-_LINE_STARTS = re.compile(r"(?<=\n)(?=\S)")
-# Lines counted are kept up to this many (of at most LINE_CHARS characters each: a few MB).
+# Where a line begins with something other than a space or a slash: tiktoken's encodings
+# (cl100k_base, o200k_base) cut a text into pieces before they merge bytes into tokens, and no
+# piece holds a line break followed by anything but spaces, or (o200k_base: punctuation, line
+# breaks and slashes are one piece) slashes. So a text's count is the sum of its lines' counts,
+# cut here: the lines of the sections memproxy builds each turn (recall's excerpts, memories)
+# come back turn after turn and are counted once (`_count_line`). tests/unit/test_tokens.py
+# checks the sum against whole counts.
+_LINE_STARTS = re.compile(r"(?<=\n)(?=[^\s/])")
+# Lines counted are kept up to this many, of at most LINE_CHARS characters each (16 MB at
+# most, a few MB for text that is mostly ASCII).
 COUNTED_LINES = 4096
 LINE_CHARS = 1000
 # A text shorter than this is counted whole: looking its lines up would cost more.

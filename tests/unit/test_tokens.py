@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import tiktoken
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from policies.tokens import count_messages, count_text, encoding_name, upper_bound_tokens
+from policies.tokens import (
+    SHORT_TEXT,
+    count_messages,
+    count_text,
+    encoding_name,
+    upper_bound_tokens,
+)
 
 
 def test_model_families_get_their_encoding() -> None:
@@ -72,16 +78,26 @@ _PIECES = st.sampled_from(
         "x\n ",
         " \n",
         "\n- ",
+        "/",
+        "/path",
+        "),",
+        ">",
+        "`",
     ]
 )
 
 
 @settings(max_examples=400, derandomize=True, deadline=None)
 @given(st.lists(_PIECES, max_size=120), st.sampled_from(["gpt-4", "gpt-4o"]))
+# o200k_base keeps punctuation, line breaks and the slashes after them in one piece
+@example(["- [x]\n", "/path"], "gpt-4o")
+@example(["int main() {\n  return 0;\n}\n// done\n"], "gpt-4o")
+@example(["),\n", "/usr", "\n"], "gpt-4o")
 def test_a_text_counted_line_by_line_counts_what_tiktoken_counts_whole(
     pieces: list[str], model: str
 ) -> None:
-    text = "".join(pieces) * 4  # (long enough to be counted by its lines)
+    text = "".join(pieces)
+    text *= SHORT_TEXT // max(1, len(text)) + 1  # (long enough to be counted by its lines)
     whole = tiktoken.get_encoding(encoding_name(model)).encode(text, disallowed_special=())
     assert count_text(text, model) == len(whole)
     assert count_text(text, model) == len(whole)  # again, its lines counted already
