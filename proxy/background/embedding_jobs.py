@@ -112,19 +112,20 @@ class MessageEmbedder(ItemEmbedder):
         ]
 
     def settle_others(
-        self, conn: Connection, job: JobRecord, pending: Sequence[Pending]
+        self, conn: Connection, job: JobRecord, model: str, pending: Sequence[Pending]
     ) -> dict[str, Any]:
         # The turns queued behind it whose messages it embedded: their jobs end with it, never
-        # claimed (each would only find its turn done). Not the last one taken when the chunk
-        # was full: some of its messages may be left.
-        others = [p.source for p in pending if p.source and p.source != job.ref]
-        if len(pending) == self.chunk - 1 and others:
-            last = others[-1]
-            others = [o for o in others if o != last]
+        # claimed (each would only find its turn done). Only those with nothing left: the
+        # chunk may have been full, and a turn's messages need not follow each other (two
+        # turns answered at once interleave theirs), so some of a turn taken may not be.
+        others = {p.source for p in pending if p.source and p.source != job.ref}
+        if not others:
+            return {}
         done = Jobs(conn).finish_queued(
             job.tenant_id,
+            job.user_id,
             job.kind,
-            set(others),
+            MessageVectors(conn).embedded_turns(job.tenant_id, job.user_id, model, others),
             now=_now(),
             result={"embedded": 0, "embedded_by": job.ref},
         )

@@ -71,7 +71,7 @@ class ItemEmbedder(ABC):
         says of it (nothing: none was needed)."""
 
     def settle_others(
-        self, conn: Connection, job: JobRecord, pending: Sequence[Pending]
+        self, conn: Connection, job: JobRecord, model: str, pending: Sequence[Pending]
     ) -> dict[str, Any]:
         """With the job's end: the other jobs whose items it embedded, ended; what its result
         says of them (nothing: none)."""
@@ -134,7 +134,7 @@ class ItemEmbedder(ABC):
         def apply(conn: Connection) -> dict[str, Any]:
             stored = self.store(conn, job, model, rows)
             result: dict[str, Any] = {"model": model, "embedded": stored}
-            result.update(self.settle_others(conn, job, pending))
+            result.update(self.settle_others(conn, job, model, pending))
             if len(pending) == self.chunk:
                 result.update(self.queue_rest(conn, job, pending[-1]))
             return result

@@ -125,14 +125,16 @@ class Jobs:
     def finish_queued(
         self,
         tenant_id: str,
+        user_id: str,
         kind: str,
         refs: Collection[str],
         *,
         now: datetime,
         result: dict[str, Any],
     ) -> int:
-        """Jobs of `kind` done by another (their work done in its transaction): those of these
-        refs still queued (none running, dead or done) end as `done` with `result`, and are
+        """The user's jobs of `kind` done by another (their work done in its transaction):
+        those of these refs still queued and never tried (none running, dead or done, nor
+        waiting to retry: their errors stay theirs) end as `done` with `result`, and are
         never run. How many."""
         if not refs:
             return 0
@@ -140,9 +142,11 @@ class Jobs:
             update(J)
             .where(
                 J.c.tenant_id == tenant_id,
+                J.c.user_id == user_id,
                 J.c.kind == kind,
                 J.c.ref.in_(list(refs)),
                 J.c.status == "queued",
+                J.c.attempts == 0,
             )
             .values(status="done", updated_at=now, result=result)
         )

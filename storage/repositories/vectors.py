@@ -8,7 +8,7 @@ simply has nothing embedded by the new one yet. Only complete user and assistant
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -191,6 +191,7 @@ class MessageVectors(UserVectors):
                 M.c.search_text.is_not(None),
                 exists().where(
                     J.c.tenant_id == tenant_id,
+                    J.c.user_id == user_id,
                     J.c.kind == job_kind,
                     J.c.ref == M.c.exchange_id,
                     J.c.status == "queued",
@@ -204,6 +205,28 @@ class MessageVectors(UserVectors):
         return [
             Unembedded(r.pk, r.conversation_pk, r.seq, r.search_text, r.exchange_id) for r in rows
         ]
+
+    def embedded_turns(
+        self, tenant_id: str, user_id: str, model: str, exchange_ids: Collection[str]
+    ) -> set[str]:
+        """Those of the user's turns (`exchange_ids`) with no searchable message left without
+        a `model` vector (a turn's messages need not be next to each other: two turns of the
+        user's answered at once interleave theirs)."""
+        if not exchange_ids:
+            return set()
+        left = self.conn.execute(
+            select(M.c.exchange_id)
+            .where(
+                M.c.tenant_id == tenant_id,
+                M.c.user_id == user_id,
+                M.c.exchange_id.in_(list(exchange_ids)),
+                M.c.status == "complete",
+                M.c.search_text.is_not(None),
+                ~exists().where(V.c.message_pk == M.c.pk, V.c.model == model),
+            )
+            .distinct()
+        )
+        return set(exchange_ids) - {r.exchange_id for r in left}
 
     def backlog(self, tenant_id: str, model: str, *, except_user: str) -> list[Backlog]:
         """The tenant's conversations with searchable messages not embedded by `model` (of

@@ -146,6 +146,56 @@ async def test_a_turn_taken_in_part_when_the_chunk_is_full_keeps_its_job(
     assert len(await vectors(db, LOCAL_MODEL_NAME)) == 6
 
 
+async def test_two_turns_answered_at_once_each_get_every_message_embedded(
+    db: Database, model: local_model.MiniLM
+) -> None:
+    """Alice's turns A and B open before either ends: their messages interleave (A's
+    question, B's question, A's reply, B's reply). A's job takes B's reply, which comes after
+    its own, but not B's question: B's job stays to embed it."""
+    jobs, _ = runner(db, config())
+    memory = ConversationMemory(db)
+    a = await begin(memory, [user("question A about the garden")], conversation_id="c1")
+    b = await begin(memory, [user("question B about boats")], conversation_id="kept")
+    for turn, reply in ((a, "reply A: roses"), (b, "reply B: a sloop")):
+        turn.embed = True
+        await memory.finish(turn, Outcome("complete", http_status=200, reply=assistant(reply)))
+    while await jobs.run_once():
+        pass
+    assert sorted(await vectors(db, LOCAL_MODEL_NAME)) == sorted(
+        [
+            "question A about the garden",
+            "question B about boats",
+            "reply A: roses",
+            "reply B: a sloop",
+        ]
+    )
+    queued = await jobs_of(db)
+    assert (queued[b.request_id].status, queued[b.request_id].result) == (
+        "done",
+        {"model": LOCAL_MODEL_NAME, "embedded": 1},  # its question, by itself
+    )
+
+
+async def test_a_job_waiting_to_retry_is_not_ended_by_another_and_keeps_its_errors(
+    db: Database, model: local_model.MiniLM
+) -> None:
+    jobs, _ = runner(db, config())
+    _, second = await turns(db, 2)
+    waiting = (await jobs_of(db))[second.request_id]
+    failed = {"errors": [{"attempt": 1, "error": "the model failed (as a test)"}]}
+    await db.write(  # (as a failed attempt leaves it: queued, its backoff not over)
+        lambda conn: conn.execute(
+            update(JOBS)
+            .where(JOBS.c.pk == waiting.pk)
+            .values(attempts=1, result=failed, run_after=waiting.created_at.replace(year=2999))
+        )
+    )
+    assert await jobs.run_once() == 1  # the first turn's, which embeds the second's too
+    assert len(await vectors(db, LOCAL_MODEL_NAME)) == 4
+    after = (await jobs_of(db))[second.request_id]
+    assert (after.status, after.attempts, after.result) == ("queued", 1, failed)
+
+
 async def test_a_failed_job_leaves_the_other_turns_to_their_own_jobs(
     db: Database, model: local_model.MiniLM
 ) -> None:
