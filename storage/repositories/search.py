@@ -9,24 +9,23 @@ Every search takes the tenant and the user; `conversation_pk` narrows it to one 
 (what an anonymous user gets). The query is a set of plain terms (letters and digits only),
 ORed: any of them may match, and the ranking rewards the rows that hold more of them, and
 rarer ones (bm25's idf: SQLite counts over its whole index, PostgreSQL over the user's rows).
+Each database's statements are in a module of their own: fts5.py and tsvector.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
 
 from policies.ranking import held_by_few, rarest
 from storage.models import CONVERSATIONS, MESSAGES
-from storage.repositories import fts5
+from storage.repositories import fts5, tsvector
 from storage.repositories.digests import tenant_digest
 from storage.repositories.rows import utc
 
@@ -79,101 +78,11 @@ class Found:
     created_at: datetime
 
 
-# PostgreSQL ranks a row by each of the question's words apart, weighted by bm25's idf over
-# the user's own rows (their counts: `message_words`, migration 0018), since `ts_rank` knows
-# nothing of how many rows hold a word: `ts_rank` of one word is its term frequency,
-# saturating. The sum is divided by what `ts_rank`'s length normalisation (its option 1)
-# divides by, once per row, with the row's distinct words (`length`, kept in the tsvector) for
-# its words (which `ts_rank` counts again on every call). The stored tsvector (migration 0017)
-# is ranked, not the text parsed again; ties go to the newer message: the same hits every time.
-_USER_WORDS = text(
-    "SELECT l.word, coalesce(w.messages, 0) AS messages "
-    "FROM unnest(tsvector_to_array(to_tsvector('english', :words))) AS l(word) "
-    "LEFT JOIN message_words w "
-    "ON w.tenant_id = :tenant AND w.user_id = :user AND w.word = l.word "
-    "UNION ALL SELECT '', messages FROM message_words "
-    "WHERE tenant_id = :tenant AND user_id = :user AND word = ''"
-)
-_LOG2_LENGTH = "(ln(CAST(length(m.search_vector) AS FLOAT8) + 1) / ln(2.0))"
-# A search within one conversation (the anonymous user's, who has no counts kept) counts the
-# conversation's rows instead, when it searches.
-_CONVERSATION_WORDS = text(
-    "SELECT l.word, (SELECT count(*) FROM messages m "
-    "WHERE m.conversation_pk = :conversation AND m.tenant_id = :tenant "
-    "AND m.user_id = :user AND m.search_text IS NOT NULL "
-    "AND tsvector_to_array(m.search_vector) @> ARRAY[l.word]) AS messages "
-    "FROM unnest(tsvector_to_array(to_tsvector('english', :words))) AS l(word) "
-    "UNION ALL SELECT '', count(*) FROM messages WHERE conversation_pk = :conversation "
-    "AND tenant_id = :tenant AND user_id = :user AND search_text IS NOT NULL"
-)
-_ERASE_WORDS = text("DELETE FROM message_words WHERE tenant_id = :tenant AND user_id = :user")
-# A named user's words counted (`_USER_WORDS`) and their rows ranked in one statement (one
-# round trip rather than two), for a search that needs no narrowing (`rarest`): the weights
-# as `_postgresql` computes them (each word's idf over the user's rows, or 1 where no rows are
-# counted), each word's `ts_rank` weighted and summed in the words' order, as
-# `_postgresql_ranked` sums them. A search whose words are held by more than `:most` rows
-# together ranks nothing here and answers one row of NULLs instead: the caller then narrows
-# it as before.
-_FOLDED = text(
-    """
-WITH listed AS (
-  SELECT l.word, l.i, coalesce(w.messages, 0) AS n
-  FROM unnest(tsvector_to_array(to_tsvector('english', :words))) WITH ORDINALITY AS l(word, i)
-  LEFT JOIN message_words w ON w.tenant_id = :tenant AND w.user_id = :user AND w.word = l.word
-), total AS (
-  SELECT coalesce((SELECT messages FROM message_words
-    WHERE tenant_id = :tenant AND user_id = :user AND word = ''), 0) AS n
-), holding AS (
-  SELECT l.word, l.i, l.n FROM listed l, total t WHERE t.n = 0 OR l.n > 0
-), weighted AS (
-  SELECT h.i,
-    CASE WHEN t.n = 0 THEN CAST(1 AS FLOAT8) ELSE greatest(CAST(1e-6 AS FLOAT8), ln(
-      (CAST(greatest(t.n, (SELECT max(n) FROM holding)) - h.n AS FLOAT8) + CAST(0.5 AS FLOAT8))
-      / (CAST(h.n AS FLOAT8) + CAST(0.5 AS FLOAT8)))) END AS weight,
-    CAST('''' || replace(replace(h.word, '\\', '\\\\'), '''', '''''') || '''' AS tsquery) AS q
-  FROM holding h, total t
-), gate AS (
-  SELECT count(*) AS words, (SELECT coalesce(sum(n), 0) FROM holding) AS held,
-    CAST(string_agg(CAST(q AS TEXT), ' | ' ORDER BY i) AS tsquery) AS match
-  FROM weighted
-)
-(SELECT m.pk, m.conversation_pk, m.seq,
-  (SELECT sum(w.weight * ts_rank(m.search_vector, w.q) ORDER BY w.i) FROM weighted w)
-  / """
-    + _LOG2_LENGTH
-    + """ AS score
-FROM messages m, gate g
-WHERE g.words > 0 AND (g.words = 1 OR g.held <= :most)
-  AND m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete'
-  AND m.search_vector @@ g.match
-ORDER BY score DESC, m.pk DESC LIMIT :limit)
-UNION ALL
-SELECT NULL, NULL, NULL, NULL FROM gate WHERE words > 1 AND held > :most
-"""
-)
 # A named user's search ranks only the rows holding the question's rarest words, as many as
 # RANKED_ROWS of theirs together (`rarest`, policies/ranking.py), unless those make fewer hits
 # than asked for: a row costs a few microseconds to match and rank, and a user who says a
 # name in every turn has thousands of rows holding it.
 RANKED_ROWS = 1_000
-
-
-@lru_cache(maxsize=64)
-def _postgresql_ranked(words: int) -> TextClause:
-    """The PostgreSQL search for a question of `words` words (`:q0`... each one's tsquery,
-    `:w0`... its weight), ranking the rows that match `:match`."""
-    score = " + ".join(
-        f"CAST(:w{i} AS FLOAT8) * ts_rank(m.search_vector, CAST(:q{i} AS tsquery))"
-        for i in range(words)
-    )
-    return text(
-        f"SELECT m.pk, m.conversation_pk, m.seq, ({score}) / {_LOG2_LENGTH} AS score "
-        "FROM messages m "
-        "WHERE m.tenant_id = :tenant AND m.user_id = :user AND m.status = 'complete' "
-        "AND m.search_vector @@ CAST(:match AS tsquery) "
-        "AND (CAST(:conversation AS BIGINT) IS NULL OR m.conversation_pk = :conversation) "
-        "ORDER BY score DESC, m.pk DESC LIMIT :limit"
-    )
 
 
 # The hits' neighbours: one statement for every range of seq (conversation pk, first seq, last
@@ -299,7 +208,7 @@ class MessageSearch:
         triggers already took each message's words away; this leaves nothing, whatever
         wrote the table by other means)."""
         if self.conn.dialect.name == "postgresql":
-            self.conn.execute(_ERASE_WORDS, {"tenant": tenant_id, "user": user_id})
+            self.conn.execute(tsvector.ERASE_WORDS, {"tenant": tenant_id, "user": user_id})
 
     def _postgresql(
         self,
@@ -314,7 +223,7 @@ class MessageSearch:
         are not enough."""
         if conversation_pk is None:
             ranked = self.conn.execute(
-                _FOLDED,
+                tsvector.FOLDED,
                 {
                     "words": " ".join(words),
                     "tenant": tenant_id,
@@ -326,7 +235,7 @@ class MessageSearch:
             if not ranked or ranked[0].pk is not None:
                 return [Hit(r.pk, r.conversation_pk, r.seq, float(r.score)) for r in ranked]
             # (held by more than RANKED_ROWS rows: narrowed as below)
-        counting = _USER_WORDS if conversation_pk is None else _CONVERSATION_WORDS
+        counting = tsvector.USER_WORDS if conversation_pk is None else tsvector.CONVERSATION_WORDS
         found = self.conn.execute(
             counting,
             {
@@ -343,7 +252,7 @@ class MessageSearch:
         else:
             holding = {w: n for w, n in counts.items() if n > 0}
             rows = max(rows, *holding.values(), 0)  # (a count can only be off by hand)
-            weights = {w: _idf(rows, n) for w, n in holding.items()}
+            weights = {w: tsvector.idf(rows, n) for w, n in holding.items()}
         if not holding:
             return []
         scope: dict[str, Any] = {
@@ -353,14 +262,14 @@ class MessageSearch:
             "limit": limit,
         }
         for i, (word, weight) in enumerate(weights.items()):
-            scope[f"q{i}"], scope[f"w{i}"] = _tsquery([word]), weight
-        statement = _postgresql_ranked(len(weights))
+            scope[f"q{i}"], scope[f"w{i}"] = tsvector.tsquery([word]), weight
+        statement = tsvector.ranked(len(weights))
         chosen = rarest(holding, RANKED_ROWS)
         if len(chosen) < len(holding):
-            hits = self._scored(statement, {**scope, "match": _tsquery(chosen)})
+            hits = self._scored(statement, {**scope, "match": tsvector.tsquery(chosen)})
             if len(hits) == limit:
                 return hits
-        return self._scored(statement, {**scope, "match": _tsquery(list(holding))})
+        return self._scored(statement, {**scope, "match": tsvector.tsquery(list(holding))})
 
     def _scored(self, statement: TextClause, parameters: dict[str, Any]) -> list[Hit]:
         rows = self.conn.execute(statement, parameters)
@@ -448,13 +357,3 @@ class MessageSearch:
             Found(pk, conversation_pk, conversation_id, seq, role, found, tokens, utc(created_at))
             for pk, conversation_pk, conversation_id, seq, role, found, tokens, created_at in rows
         ]
-
-
-def _tsquery(lexemes: Sequence[str]) -> str:
-    """A tsquery matching any of `lexemes` (already the English configuration's)."""
-    return " | ".join("'" + w.replace("\\", "\\\\").replace("'", "''") + "'" for w in lexemes)
-
-
-def _idf(rows: int, holding: int) -> float:
-    """FTS5's bm25 idf of a word `holding` of `rows` rows hold."""
-    return max(1e-6, math.log((rows - holding + 0.5) / (holding + 0.5)))

@@ -24,6 +24,7 @@ from storage.errors import StaleConversation
 from storage.models import MESSAGES
 from storage.records import ConversationRecord
 from storage.repositories import search as search_module
+from storage.repositories import tsvector
 from storage.repositories.conversations import Conversations
 from storage.repositories.search import Hit, MessageSearch, searchable_text
 from tests.polling import eventually
@@ -705,8 +706,8 @@ async def test_on_postgresql_counting_and_ranking_at_once_finds_what_two_stateme
     # The statement counting and ranking at once, made to hand every search over to the
     # two statements (as for words too many rows hold): the same hits, the same scores.
     monkeypatch.setattr(
-        search_module,
-        "_FOLDED",
+        tsvector,
+        "FOLDED",
         text(
             "SELECT NULL AS pk, CAST(:words AS TEXT), CAST(:tenant AS TEXT), "
             "CAST(:user AS TEXT), CAST(:most AS INTEGER), CAST(:limit AS INTEGER)"
